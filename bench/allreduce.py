@@ -1,0 +1,136 @@
+"""`ringtrain-bench allreduce`: algbw and busbw of four allreduce
+implementations, against a measured memory-copy bound.
+
+Implementations (rows):
+  mpi4py               raw MPI_Allreduce on numpy buffers (OpenMPI's own algorithm)
+  ring                 bench.ring_reference: numpy + mpi4py scatter-reduce then allgather
+  horovod-mpi          hvd.allreduce inside a tf.function (graph mode, as training runs it), MPI controller
+  horovod-mpi-eager    the same call made eagerly
+  horovod-mpi-grads    the model's gradient tensors, one allreduce each, fused by Horovod
+  horovod-gloo*        the same three under horovodrun --gloo
+  memcpy               np.copyto on every rank at once: the bound (see COLUMNS.md)
+"""
+import json
+import os
+import statistics
+
+from bench import launch, stats, tables
+from bench.environment import describe, usable_cores
+
+IMPL_ORDER = ["mpi4py", "ring", "horovod-mpi", "horovod-mpi-eager", "horovod-mpi-grads",
+              "horovod-gloo", "horovod-gloo-eager", "horovod-gloo-grads", "memcpy"]
+FIT_IMPL = "horovod-mpi"  # the alpha-beta model: Horovod as training calls it
+COLUMNS = [("impl", "impl"), ("size", "size"), ("count", "count"), ("type", "type"),
+           ("time_us", "time (us)"), ("algbw", "algbw (GB/s)"), ("busbw", "busbw (GB/s)"),
+           ("pct_bound", "busbw % memcpy"), ("pct_mpi", "busbw % MPI"), ("knobs", "knobs")]
+
+
+def gradient_shapes(model_name):
+    """Shapes of the model's trainable variables: the gradients one step allreduces."""
+    from workloads.tfenv import import_tensorflow_quietly
+    import_tensorflow_quietly()
+    from workloads import models
+    return [list(v.shape) for v in models.build(model_name, seed=0).trainable_variables]
+
+
+def busbw_factor(ranks):
+    return 2 * (ranks - 1) / ranks  # nccl-tests' allreduce bus factor
+
+
+def run(np_, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True,
+        horovod_env=None, timeout=900, log=print):
+    """Launch the workers, gather their rows, write allreduce.{json,md,png}."""
+    os.makedirs(out_dir, exist_ok=True)
+    shapes = gradient_shapes(model) if model else []
+    grad_bytes = 4 * sum(int(__import__("numpy").prod(s)) for s in shapes)
+    all_sizes = sorted(set(sizes + ([grad_bytes] if grad_bytes else [])))
+    knobs = dict(horovod_env or {})
+    common = ["--sizes", ",".join(map(str, all_sizes)), "--trials", str(trials),
+              "--warmup", str(warmup), "--grad-shapes", json.dumps(shapes)]
+    python = [launch.sys.executable, "-m", "bench.allreduce_worker"]
+    launches = [("mpi", launch.mpirun(np_, python + ["--impls", "mpi4py,ring,memcpy,horovod",
+                                                     "--horovod-label", "mpi"] + common,
+                                      usable_cores(), env_names=sorted(knobs)))]
+    if gloo:
+        launches.append(("gloo", launch.horovodrun(np_, python + ["--impls", "horovod",
+                                                                  "--horovod-label", "gloo"] + common,
+                                                   gloo=True)))
+    rows = []
+    for name, cmd in launches:
+        part = os.path.join(out_dir, f"allreduce-{name}.rank0.json")
+        logf = os.path.join(out_dir, f"allreduce-{name}.log")
+        log(f"ringtrain-bench: allreduce over {name}: {' '.join(cmd[:6])} ... (log {logf})")
+        rc = launch.run(cmd + ["--out", part], logf, timeout, env=knobs)
+        if rc != 0 or not os.path.exists(part):
+            raise RuntimeError(f"allreduce launch {name} failed (exit {rc}); last lines of {logf}:\n"
+                               + launch.tail(logf))
+        with open(part) as f:
+            rows += json.load(f)["rows"]
+    result = summarise(rows, np_, knobs)
+    result.update({"config": {"np": np_, "sizes": all_sizes, "model": model,
+                              "gradient_bytes": grad_bytes, "gradient_shapes": shapes,
+                              "trials": trials, "warmup_ops_excluded": warmup, "gloo": gloo,
+                              "horovod_env": knobs},
+                   "environment": describe(threads_per_worker=1)})
+    write(result, out_dir)
+    return result
+
+
+def summarise(rows, ranks, knobs):
+    """Median trial time per (impl, size) -> algbw, busbw, % of bounds."""
+    knob_text = ",".join(f"{k.replace('HOROVOD_', '').lower()}={v}" for k, v in sorted(knobs.items())) or "defaults"
+    memcpy = {r["bytes"]: r["bytes"] / statistics.median(r["trial_seconds"])
+              for r in rows if r["impl"] == "memcpy"}
+    out = []
+    for r in rows:
+        t = statistics.median(r["trial_seconds"])
+        algbw = r["bytes"] / t
+        busbw = algbw * busbw_factor(ranks) if r["impl"] != "memcpy" else algbw
+        out.append({**r, "seconds": t, "time_us": t * 1e6, "algbw_gbs": algbw / 1e9,
+                    "busbw_gbs": busbw / 1e9, "memcpy_gbs": memcpy.get(r["bytes"], float("nan")) / 1e9,
+                    "knobs": knob_text if r["impl"].startswith("horovod") else ""})
+    mpi = {r["bytes"]: r["busbw_gbs"] for r in out if r["impl"] == "mpi4py"}
+    for r in out:
+        r["pct_of_memcpy_bound"] = 100 * r["busbw_gbs"] / r["memcpy_gbs"] if r["impl"] != "memcpy" else None
+        r["pct_of_mpi_busbw"] = 100 * r["busbw_gbs"] / mpi[r["bytes"]] if r["bytes"] in mpi and r["impl"] != "memcpy" else None
+    out.sort(key=lambda r: (IMPL_ORDER.index(r["impl"]) if r["impl"] in IMPL_ORDER else 99, r["bytes"]))
+    fits = {}
+    for impl in sorted({r["impl"] for r in out} - {"memcpy"}):
+        pts = [(r["bytes"], r["seconds"]) for r in out if r["impl"] == impl and not impl.endswith("-grads")]
+        fit = stats.fit_alpha_beta(pts, ranks)
+        if fit:
+            fits[impl] = fit
+    return {"rows": out, "alpha_beta": fits, "alpha_beta_used_for_predictions": FIT_IMPL,
+            "busbw_factor": busbw_factor(ranks)}
+
+
+def markdown(result):
+    rows = [{"impl": r["impl"], "size": tables.human_bytes(r["bytes"]), "count": f"{r['count']:,}",
+             "type": r["dtype"], "time_us": tables.fmt(r["time_us"], 1),
+             "algbw": tables.fmt(r["algbw_gbs"]), "busbw": tables.fmt(r["busbw_gbs"]),
+             "pct_bound": tables.fmt(r["pct_of_memcpy_bound"], 0),
+             "pct_mpi": tables.fmt(r["pct_of_mpi_busbw"], 0), "knobs": r["knobs"]}
+            for r in result["rows"]]
+    cfg = result["config"]
+    head = (f"# Allreduce bandwidth, {cfg['np']} ranks, float32 sum\n\n"
+            f"Columns are defined in bench/COLUMNS.md (nccl-tests definitions: "
+            f"busbw = algbw * 2(n-1)/n = algbw * {result['busbw_factor']:.3g}). "
+            f"Time is the median over {cfg['trials']} trials of the slowest rank's mean time per "
+            f"operation; {cfg['warmup_ops_excluded']} warm-up operations excluded. "
+            f"The {tables.human_bytes(cfg['gradient_bytes'])} row is {cfg['model']}'s gradient size.\n\n")
+    fits = "\n".join(f"- alpha-beta fit, {impl}: alpha = {f['alpha_sec'] * 1e6:.1f} us, "
+                     f"1/beta = {f['bandwidth_gb_per_sec'] or 0:.2f} GB/s "
+                     f"(worst relative error {100 * f['max_relative_error']:.0f}%)"
+                     for impl, f in result["alpha_beta"].items())
+    return head + tables.markdown(COLUMNS, rows) + "\n" + fits + "\n"
+
+
+def write(result, out_dir):
+    with open(os.path.join(out_dir, "allreduce.json"), "w") as f:
+        json.dump(result, f, indent=1, sort_keys=True)
+    text = markdown(result)
+    with open(os.path.join(out_dir, "allreduce.md"), "w") as f:
+        f.write(text)
+    from bench import plots
+    plots.busbw_plot(result, os.path.join(out_dir, "allreduce_busbw.png"))
+    return text

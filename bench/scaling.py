@@ -1,0 +1,216 @@
+"""`ringtrain-bench scaling`: ring against PS, each configuration run through
+its real launcher, one table row per (mode, N). Column definitions:
+bench/COLUMNS.md."""
+import json
+import os
+
+from bench import launch, stats, tables
+from bench.environment import describe, usable_cores
+
+MODES = ("ring", "ps-sync", "ps-async")
+COLUMNS = [
+    ("mode", "mode"), ("n", "N (PS)"), ("procs", "cores/procs/thr"),
+    ("per_worker", "per-worker img/s (95% CI)"), ("total", "total img/s"),
+    ("speedup", "speedup"), ("efficiency", "efficiency"), ("step_ms", "step ms"),
+    ("compute_ms", "compute ms"), ("comm_ms", "exposed comm ms"),
+    ("predicted_ms", "α-β step ms"), ("scaling", "scaling"),
+]
+CSV_KEYS = ["mode", "workers", "num_ps", "processes", "cores", "threads_per_worker",
+            "oversubscribed", "per_worker_images_per_sec_mean", "per_worker_images_per_sec_ci95",
+            "total_images_per_sec", "speedup", "efficiency", "step_time_ms", "compute_time_ms",
+            "exposed_comm_ms", "predicted_comm_ms", "predicted_step_time_ms", "scaling",
+            "global_batch", "per_worker_batch", "timed_windows", "steps", "train_loss",
+            "test_accuracy", "staleness_mean", "staleness_max", "summary_json", "log"]
+
+
+def training_flags(cfg, batch):
+    flags = ["--model", cfg["model"], "--dataset", cfg["data"], "--batch-size", str(batch),
+             "--steps", str(cfg["steps"]), "--threads", str(cfg["threads"])]
+    return flags + (["--data-dir", cfg["data_dir"]] if cfg.get("data_dir") else [])
+
+
+def command(mode, workers, cfg, batch, summary, compute_only=False):
+    """The launcher command for one configuration, as an argument list."""
+    train = training_flags(cfg, batch) + ["--summary-json", summary]
+    if mode == "ring":
+        extra = ["--no-allreduce"] if compute_only else []
+        return launch.horovodrun(workers, [launch.tool("ringtrain")] + train + extra)
+    sync = ["--sync"] if mode == "ps-sync" else []
+    return [launch.tool("ps-baseline"), "launch", "--num-ps", str(cfg["num_ps"]),
+            "--num-workers", str(workers)] + sync + train
+
+
+def per_worker_batch(cfg, workers):
+    if cfg["scaling"] == "strong":
+        return max(1, cfg["global_batch"] // workers)
+    return cfg["batch_size"]
+
+
+def run_one(mode, workers, cfg, out_dir, log, compute_only=False):
+    tag = f"{mode}-n{workers}" + ("-compute-only" if compute_only else "")
+    summary = os.path.join(out_dir, "runs", f"{tag}.json")
+    logf = os.path.join(out_dir, "runs", f"{tag}.log")
+    if os.path.exists(summary):
+        os.remove(summary)
+    cmd = command(mode, workers, cfg, per_worker_batch(cfg, workers), summary, compute_only)
+    log(f"ringtrain-bench: {tag}: {' '.join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd))}")
+    rc = launch.run(cmd, logf, cfg["timeout"])
+    if rc != 0 or not os.path.exists(summary):
+        raise RuntimeError(f"{tag} failed (exit {rc}); last lines of {logf}:\n{launch.tail(logf)}")
+    with open(summary) as f:
+        result = json.load(f)
+    result["_summary_json"], result["_log"] = summary, logf
+    return result
+
+
+def load_alpha_beta(path):
+    if not path or not os.path.exists(path):
+        return None, None
+    with open(path) as f:
+        ar = json.load(f)
+    impl = ar.get("alpha_beta_used_for_predictions")
+    return ar.get("alpha_beta", {}).get(impl), ar.get("config", {}).get("gradient_bytes")
+
+
+def run(cfg, out_dir, log=print):
+    """Every (mode, N) run, then the table, CSV, JSON and plots."""
+    os.makedirs(os.path.join(out_dir, "runs"), exist_ok=True)
+    fit, grad_bytes = load_alpha_beta(cfg.get("alpha_beta_json"))
+    if grad_bytes is None:
+        from bench.allreduce import gradient_shapes
+        import numpy as np
+        grad_bytes = 4 * sum(int(np.prod(s)) for s in gradient_shapes(cfg["model"]))
+    summaries, compute = {}, {}
+    for n in cfg["np"]:
+        compute[n] = run_one("ring", n, cfg, out_dir, log, compute_only=True)
+        for mode in cfg["modes"]:
+            summaries[(mode, n)] = run_one(mode, n, cfg, out_dir, log)
+    result = build(summaries, compute, cfg, fit, grad_bytes)
+    write(result, out_dir)
+    return result
+
+
+def build(summaries, compute, cfg, fit, grad_bytes):
+    """Table rows from launcher summaries: pure arithmetic, unit-tested on
+    recorded summaries."""
+    cores = cfg.get("cores") or usable_cores()
+    rows = []
+    for (mode, n), s in summaries.items():
+        windows = [w for per_worker in s.get("window_images_per_sec", []) for w in per_worker]
+        mean, ci = stats.mean_ci95(windows)
+        num_ps = s.get("num_ps", cfg["num_ps"]) if mode != "ring" else 0
+        procs = n + num_ps
+        step = _mean(s.get("step_time_sec"))
+        comp = _mean(compute[n].get("step_time_sec")) if n in compute else None
+        if fit and grad_bytes:
+            a, b = fit["alpha_sec"], fit["beta_sec_per_byte"]
+            comm = (stats.ring_allreduce_seconds(grad_bytes, n, a, b) if mode == "ring"
+                    else stats.ps_exchange_seconds(grad_bytes, n, num_ps, a, b))
+        else:
+            comm = None
+        rows.append({
+            "mode": mode, "workers": n, "num_ps": num_ps, "processes": procs, "cores": cores,
+            "threads_per_worker": cfg["threads"], "oversubscribed": procs * max(cfg["threads"], 1) > cores,
+            "per_worker_images_per_sec_mean": mean, "per_worker_images_per_sec_ci95": ci,
+            "total_images_per_sec": s["images_per_sec"],
+            "step_time_ms": _ms(step), "compute_time_ms": _ms(comp),
+            "exposed_comm_ms": _ms(step - comp) if step is not None and comp is not None else None,
+            "predicted_comm_ms": _ms(comm),
+            "predicted_step_time_ms": _ms(comp + comm) if comp is not None and comm is not None else None,
+            "scaling": cfg["scaling"], "per_worker_batch": per_worker_batch(cfg, n),
+            "global_batch": per_worker_batch(cfg, n) * n, "timed_windows": len(windows),
+            "steps": s.get("steps"), "train_loss": s.get("train_loss"),
+            "test_accuracy": s.get("test_accuracy"), "staleness_mean": s.get("staleness_mean"),
+            "staleness_max": s.get("staleness_max"),
+            "summary_json": s.get("_summary_json"), "log": s.get("_log"),
+        })
+    for r in rows:
+        base = next((b for b in rows if b["mode"] == r["mode"] and b["workers"] == 1), None)
+        r["speedup"] = r["total_images_per_sec"] / base["total_images_per_sec"] if base else None
+        r["efficiency"] = r["speedup"] / r["workers"] if base else None
+    rows.sort(key=lambda r: (cfg["modes"].index(r["mode"]) if r["mode"] in cfg["modes"] else 9, r["workers"]))
+    return {"rows": rows, "gaps": gaps(rows), "alpha_beta": fit, "gradient_bytes": grad_bytes,
+            "config": {k: v for k, v in cfg.items() if k != "cores"},
+            "environment": cfg.get("environment") or describe(threads_per_worker=cfg["threads"])}
+
+
+def gaps(rows):
+    """Ring against sync PS at each N: measured and predicted step-time gap."""
+    out = []
+    by = {(r["mode"], r["workers"]): r for r in rows}
+    for (mode, n), ring in sorted(by.items()):
+        ps = by.get(("ps-sync", n))
+        if mode != "ring" or not ps:
+            continue
+        measured = ps["step_time_ms"] - ring["step_time_ms"]
+        predicted = (ps["predicted_step_time_ms"] - ring["predicted_step_time_ms"]
+                     if ps["predicted_step_time_ms"] is not None and ring["predicted_step_time_ms"] is not None
+                     else None)
+        out.append({"workers": n, "ring_step_ms": ring["step_time_ms"], "ps_sync_step_ms": ps["step_time_ms"],
+                    "measured_gap_ms": measured, "predicted_gap_ms": predicted,
+                    "gap_error_pct": 100 * abs(predicted - measured) / abs(measured)
+                    if predicted is not None and measured else None,
+                    "ring_over_ps_throughput": ring["total_images_per_sec"] / ps["total_images_per_sec"]})
+    return out
+
+
+def _mean(values):
+    values = [v for v in (values or []) if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _ms(seconds):
+    return None if seconds is None else 1e3 * seconds
+
+
+def markdown(result):
+    rows = []
+    for r in result["rows"]:
+        ci = r["per_worker_images_per_sec_ci95"]
+        rows.append({
+            "mode": r["mode"], "n": f"{r['workers']} ({r['num_ps']})" if r["num_ps"] else str(r["workers"]),
+            "procs": f"{r['cores']}/{r['processes']}/{r['threads_per_worker']}"
+                     + (" over" if r["oversubscribed"] else ""),
+            "per_worker": f"{tables.fmt(r['per_worker_images_per_sec_mean'], 0)} ± {tables.fmt(ci, 0)}",
+            "total": tables.fmt(r["total_images_per_sec"], 0), "speedup": tables.fmt(r["speedup"]),
+            "efficiency": "n/a" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f}%",
+            "step_ms": tables.fmt(r["step_time_ms"]), "compute_ms": tables.fmt(r["compute_time_ms"]),
+            "comm_ms": tables.fmt(r["exposed_comm_ms"]), "predicted_ms": tables.fmt(r["predicted_step_time_ms"]),
+            "scaling": f"{r['scaling']} (B={r['per_worker_batch']}/worker)",
+        })
+    cfg, env, fit = result["config"], result["environment"], result["alpha_beta"]
+    text = (f"# Ring against PS: {cfg['model']} on {cfg['data']} data, {cfg['steps']} steps per run\n\n"
+            f"Columns are defined in bench/COLUMNS.md. Totals are measured (all workers' timed images / "
+            f"slowest worker's timed seconds), never rank 0 x N; warm-up steps excluded. "
+            f"Machine: {env.get('cores')} cores ({env.get('cpu_model')}), no GPU: N counts worker "
+            f"processes, each with {cfg['threads']} TF thread(s); 'over' marks more processes x threads "
+            f"than cores.\n\n")
+    text += tables.markdown(COLUMNS, rows)
+    if fit:
+        text += (f"\nα-β model from the allreduce bench: α = {fit['alpha_sec'] * 1e6:.1f} us, "
+                 f"1/β = {fit['bandwidth_gb_per_sec'] or 0:.2f} GB/s; gradients "
+                 f"{result['gradient_bytes'] / 1e6:.2f} MB per step.\n")
+    if result["gaps"]:
+        text += "\nRing against sync PS (step-time gap = PS step - ring step):\n\n"
+        text += tables.markdown(
+            [("n", "N"), ("ring", "ring img/s ÷ PS img/s"), ("measured", "measured gap ms"),
+             ("predicted", "α-β gap ms"), ("error", "gap error")],
+            [{"n": str(g["workers"]), "ring": tables.fmt(g["ring_over_ps_throughput"]),
+              "measured": tables.fmt(g["measured_gap_ms"]), "predicted": tables.fmt(g["predicted_gap_ms"]),
+              "error": "n/a" if g["gap_error_pct"] is None else f"{g['gap_error_pct']:.0f}%"}
+             for g in result["gaps"]])
+    return text
+
+
+def write(result, out_dir):
+    text = markdown(result)
+    with open(os.path.join(out_dir, "scaling.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out_dir, "scaling.csv"), "w") as f:
+        f.write(tables.csv_text(CSV_KEYS, result["rows"]))
+    with open(os.path.join(out_dir, "scaling.json"), "w") as f:
+        json.dump(result, f, indent=1, sort_keys=True)
+    from bench import plots
+    plots.scaling_plots(result["rows"], os.path.join(out_dir, "scaling_throughput.png"),
+                        os.path.join(out_dir, "scaling_efficiency.png"))
+    return text

@@ -1,0 +1,70 @@
+"""Fixed-column Markdown tables and CSV, the nccl-tests way: one row per
+measurement, the same columns every time, each defined in bench/COLUMNS.md."""
+import csv
+import io
+
+
+def markdown(columns, rows):
+    """columns: list of (key, header); rows: dicts of already-formatted text.
+    Cells are padded so that the raw text lines up too."""
+    cells = [[str(r.get(key, "")) for key, _ in columns] for r in rows]
+    headers = [h for _, h in columns]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(headers)]
+    line = lambda vals: "| " + " | ".join(v.rjust(w) for v, w in zip(vals, widths)) + " |"
+    rule = "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"
+    return "\n".join([line(headers), rule] + [line(c) for c in cells]) + "\n"
+
+
+def csv_text(keys, rows):
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: r.get(k) for k in keys})
+    return out.getvalue()
+
+
+def fmt(value, digits=2):
+    if value is None:
+        return "n/a"
+    if isinstance(value, float) and value != value:
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def human_bytes(n):
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.2f}M"
+    return str(n)
+
+
+def parse_size(text):
+    """'4K' -> 4096, '256M' -> 268435456, '4800000' -> 4800000."""
+    from workloads.errors import UsageError
+    t = text.strip().upper().rstrip("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        value = int(float(t[:-1] if scale > 1 else t) * scale)
+    except ValueError:
+        raise UsageError(f"size {text!r} is not a byte count: write e.g. 4K, 1M, 4800000")
+    if value < 4:
+        raise UsageError(f"size {text!r} is under one float32: give at least 4 bytes")
+    return value - value % 4
+
+
+def parse_sizes(text, factor=4):
+    """'4K..256M' -> 4K, 16K, ... 256M (x factor); '1M,4M' -> a list."""
+    from workloads.errors import UsageError
+    if ".." in text:
+        lo, hi = (parse_size(t) for t in text.split("..", 1))
+        if hi < lo:
+            raise UsageError(f"--sizes {text}: the range runs low..high, e.g. 4K..256M")
+        sizes, s = [], lo
+        while s <= hi:
+            sizes.append(s)
+            s *= factor
+        return sizes
+    return [parse_size(t) for t in text.split(",") if t.strip()]
