@@ -39,7 +39,8 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 EXTRA=cpu; [ "$GPU" = 1 ] && EXTRA=gpu
 stamp="$VENV/.ringtrain-deps"
-want="$(cat setup.cfg scripts/install.sh | sha256sum | cut -c1-16)-$EXTRA"
+# Editable installs map the top-level packages found at install time: a new one needs a reinstall.
+want="$( (cat setup.cfg scripts/install.sh; ls -d */__init__.py) | sha256sum | cut -c1-16)-$EXTRA"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing Python packages (.[${EXTRA},test])"
     "${PIP[@]}" install --upgrade pip setuptools wheel

@@ -6,6 +6,7 @@ samples over the slowest worker's timed seconds.
 """
 import json
 import os
+import sys
 import time
 
 WARMUP_STEPS = 3   # tracing, graph optimisation and first negotiations are not throughput
@@ -26,7 +27,7 @@ class StepTimer:
             self._start_window(time.perf_counter())
 
     def step_done(self, samples):
-        now = time.perf_counter()
+        now = self._last_step_end = time.perf_counter()
         self.steps += 1
         if self.steps <= self.warmup_steps:
             if self.steps == self.warmup_steps:
@@ -47,10 +48,14 @@ class StepTimer:
         self.windows.append(self._window_samples / elapsed if elapsed > 0 else 0.0)
         self._start_window(now)
 
-    def report(self):
-        """This worker's timed totals; a trailing partial window counts too."""
+    def stop(self):
+        """End timing (call right after the last step): a partial window counts too."""
         if self._window_start is not None and self._window_steps:
-            self._close_window(time.perf_counter())
+            self._close_window(self._last_step_end)
+        self._window_start = None
+
+    def report(self):
+        """This worker's timed totals."""
         timed_steps = self.steps - max(self.warmup_steps, 0)
         return {"samples": self.samples, "seconds": self.seconds, "windows": self.windows,
                 "step_time_sec": self.seconds / timed_steps if timed_steps > 0 else 0.0}
@@ -72,11 +77,13 @@ def measured_throughput(reports):
 
 
 def emit(summary, path=None):
-    """Print the summary as the last stdout line; optionally write it atomically."""
-    text = json.dumps(summary, sort_keys=True)
-    print(text, flush=True)
+    """Print the summary as the last stdout line, less the per-window rates
+    (launchers split very long lines); write all of it atomically to path."""
+    shown = {k: v for k, v in summary.items() if k != "window_images_per_sec"}
+    sys.stdout.write(json.dumps(shown, sort_keys=True) + "\n")
+    sys.stdout.flush()
     if path:
         tmp = f"{path}.tmp.{os.getpid()}"
         with open(tmp, "w") as f:
-            f.write(text + "\n")
+            f.write(json.dumps(summary, sort_keys=True) + "\n")
         os.replace(tmp, path)

@@ -1,0 +1,3 @@
+from ringtrain.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""Standard tf.train.Checkpoint files, written by rank 0 only.
+
+Atomic: TF writes a checkpoint's data and index files before
+CheckpointManager rewrites the `checkpoint` state file (write-then-rename),
+so a crash mid-save leaves the previous checkpoint as the latest one. Older
+checkpoints are kept up to `keep`.
+
+Progress is stored as (step, epoch, samples into the epoch), so that a
+resume on a different rank count continues at the same point of the data.
+"""
+import os
+from dataclasses import dataclass
+
+from workloads.errors import UsageError
+
+
+@dataclass
+class Progress:
+    step: int = 0               # optimizer updates done
+    epoch: int = 0              # current epoch
+    samples_in_epoch: int = 0   # global samples of `epoch` already trained on
+
+    @classmethod
+    def at(cls, step, epoch, batches_done, per_epoch, size, batch_size):
+        if batches_done >= per_epoch:
+            return cls(step, epoch + 1, 0)
+        return cls(step, epoch, batches_done * size * batch_size)
+
+    def batches_done(self, size, batch_size):
+        """Batches of the current epoch to skip at `size` ranks."""
+        return round(self.samples_in_epoch / (size * batch_size))
+
+
+class Checkpoints:
+    def __init__(self, directory, model, optimizer, keep=3):
+        import tensorflow as tf
+        self._tf = tf
+        self._progress = {k: tf.Variable(0, dtype=tf.int64, trainable=False)
+                          for k in ("step", "epoch", "samples_in_epoch")}
+        self._ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, **self._progress)
+        self.directory = directory
+        self._manager = (tf.train.CheckpointManager(self._ckpt, directory, max_to_keep=keep)
+                         if directory else None)
+
+    @property
+    def latest(self):
+        return self._manager.latest_checkpoint if self._manager else None
+
+    def save(self, progress):
+        for key, var in self._progress.items():
+            var.assign(getattr(progress, key))
+        return self._manager.save(checkpoint_number=progress.step)
+
+    def restore(self, source):
+        """source: 'latest' (the newest in the checkpoint dir, or a fresh start
+        if there is none yet), a checkpoint directory, or a checkpoint prefix."""
+        path = self._resolve(source)
+        if path is None:
+            return Progress()
+        try:
+            self._ckpt.restore(path).assert_existing_objects_matched()
+        except (self._tf.errors.OpError, AssertionError, ValueError) as e:
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UsageError(f"cannot restore checkpoint {path}: {first_line}") from None
+        return Progress(**{k: int(v.numpy()) for k, v in self._progress.items()})
+
+    def _resolve(self, source):
+        tf = self._tf
+        if source == "latest":
+            return self.latest
+        if os.path.isdir(source):
+            path = tf.train.latest_checkpoint(source)
+            if path is None:
+                raise UsageError(f"--resume {source}: no checkpoint in that directory")
+            return path
+        if not os.path.exists(source + ".index"):
+            raise UsageError(f"--resume {source}: no such checkpoint (expected {source}.index)")
+        return source

@@ -1,0 +1,86 @@
+"""`ringtrain`: the ring-allreduce trainer, and `ringtrain doctor`."""
+import os
+import sys
+
+from workloads import flags
+from workloads.errors import UsageError, run_cli
+
+EXAMPLES = """examples:
+  horovodrun -np 2 ringtrain --model mnist_cnn --epochs 5
+  horovodrun --gloo -np 2 ringtrain --model mnist_cnn --epochs 5
+  mpirun -np 2 ringtrain --model mnist_mlp --epochs 2
+  mpirun --hostfile mpi_hostfiles/localhost ringtrain --model mnist_cnn
+  ringtrain --model cifar_resnet --data-dir ~/data/cifar10 --epochs 30 --checkpoint-dir ckpt
+  horovodrun -np 4 ringtrain --checkpoint-dir ckpt --resume     # continue on any N
+  ringtrain doctor                                               # check the install
+"""
+
+
+def parser():
+    p = flags.OneLineParser(
+        prog="ringtrain", epilog=EXAMPLES,
+        formatter_class=flags.argparse.RawDescriptionHelpFormatter,
+        description="Synchronous data-parallel training over Horovod's ring-allreduce "
+                    "(scatter-reduce then allgather). Launch with horovodrun or mpirun; "
+                    "alone it runs one rank.")
+    flags.add_training_flags(p)
+    r = p.add_argument_group("ring mode (Horovod)")
+    r.add_argument("--no-lr-scaling", action="store_true",
+                   help="keep --lr as is instead of multiplying it by the rank count")
+    r.add_argument("--warmup-epochs", type=float, default=1.0, metavar="E",
+                   help="ramp the lr from --lr to lr*N over E epochs (default 1; 0 disables)")
+    r.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16")
+    r.add_argument("--adasum", action="store_true", help="combine gradients with Adasum")
+    r.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
+                   help="Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD; default 128)")
+    r.add_argument("--cycle-time-ms", type=float, metavar="MS",
+                   help="Horovod background cycle (HOROVOD_CYCLE_TIME; default 1 ms)")
+    r.add_argument("--timeline", metavar="FILE", help="write a Horovod timeline (chrome://tracing)")
+    r.add_argument("--no-allreduce", action="store_true",
+                   help="measurement only: skip the gradient allreduce, so ranks diverge; "
+                        "ringtrain-bench uses it to time compute alone")
+    c = p.add_argument_group("checkpoints and logs (rank 0 writes them)")
+    c.add_argument("--checkpoint-every", type=flags.positive_int, default=100, metavar="K",
+                   help="checkpoint every K steps and at the end (default %(default)s)")
+    c.add_argument("--keep-checkpoints", type=flags.positive_int, default=3, metavar="K")
+    c.add_argument("--resume", nargs="?", const="latest", metavar="CKPT",
+                   help="continue from CKPT (a prefix or directory), or with no value from "
+                        "the newest checkpoint in --checkpoint-dir, if any; works on any N")
+    c.add_argument("--log-dir", metavar="DIR", help="TensorBoard scalars")
+    c.add_argument("--dump-weights", metavar="FILE",
+                   help="save each rank's final weights to FILE ({rank} is replaced)")
+    return p
+
+
+def validate(args):
+    if args.resume == "latest" and not args.checkpoint_dir:
+        raise UsageError("--resume without a checkpoint needs --checkpoint-dir")
+    if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) \
+            and not os.path.isdir(args.checkpoint_dir):
+        raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is a file, not a directory")
+    if args.fusion_threshold_mb is not None and args.fusion_threshold_mb < 0:
+        raise UsageError("--fusion-threshold-mb must be >= 0")
+    if args.cycle_time_ms is not None and args.cycle_time_ms <= 0:
+        raise UsageError("--cycle-time-ms must be > 0")
+    if args.epochs == 0 and not args.steps:
+        raise UsageError("--epochs 0 trains nothing: give --epochs >= 1 or --steps K")
+
+
+def _main(argv):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["doctor"]:
+        from ringtrain import doctor
+        return doctor.main(argv[1:])
+    args = parser().parse_args(argv)
+    validate(args)
+    # Data and flags are checked before TensorFlow loads: bad input fails in
+    # well under a second, on every rank alike, so no rank waits on another.
+    dataset = flags.load_training_data(args)
+    from workloads.tfenv import import_tensorflow_quietly
+    import_tensorflow_quietly()
+    from ringtrain.train import train
+    return train(args, dataset)
+
+
+def main(argv=None):
+    return run_cli("ringtrain", _main, argv)
