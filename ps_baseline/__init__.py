@@ -1,0 +1,1 @@
+"""TensorFlow's own parameter-server training (the comparison mode for ringtrain)."""

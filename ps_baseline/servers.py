@@ -1,0 +1,92 @@
+"""The TF gRPC servers, the PS task's life, and the watchdog that turns a
+vanished PS or chief into a clear error instead of a silent hang."""
+import os
+import sys
+import threading
+import time
+
+from ps_baseline.cluster import is_listening
+from workloads.errors import UsageError
+
+WATCH_INTERVAL_SEC = 2.0
+WATCH_MISSES = 2  # consecutive failed connects before a peer counts as dead
+
+
+def session_config(tf, threads, device_filters=None):
+    return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
+                                    inter_op_parallelism_threads=threads,
+                                    device_filters=device_filters or [])
+
+
+def start_server(tf, cluster, job_name, task_index, threads):
+    address = cluster.address(job_name, task_index)
+    try:
+        return tf.distribute.Server(tf.train.ClusterSpec(cluster.as_dict()), job_name=job_name,
+                                    task_index=task_index, config=session_config(tf, threads))
+    except (tf.errors.OpError, ValueError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"cannot start the gRPC server of {job_name} task {task_index} "
+                         f"at {address}: {first_line}") from None
+
+
+def shutdown_queue(tf, ps_index):
+    """A queue living on PS task `ps_index`: the chief enqueues into it when
+    training is over, which lets that PS exit instead of joining forever."""
+    with tf.compat.v1.device(f"/job:ps/task:{ps_index}"):
+        return tf.compat.v1.FIFOQueue(1, tf.int32, shared_name=f"ps_baseline_shutdown_{ps_index}",
+                                      name=f"ps_baseline_shutdown_{ps_index}")
+
+
+def run_ps(tf, server, task_index, threads, log):
+    """Serve variables until the chief says training is over (or forever, as
+    server.join() in the seeds, if the chief never does)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        wait_for_shutdown = shutdown_queue(tf, task_index).dequeue()
+    config = session_config(tf, threads, [f"/job:ps/task:{task_index}"])
+    sess = tf.compat.v1.Session(server.target, graph=graph, config=config)
+    log(f"ps task {task_index} serving at {server.target}")
+    # The blocking dequeue runs in a thread, so that Ctrl-C still reaches Python.
+    waiter = threading.Thread(target=sess.run, args=(wait_for_shutdown,), daemon=True)
+    waiter.start()
+    while waiter.is_alive():
+        waiter.join(0.5)
+    log(f"ps task {task_index}: training is over, shutting down")
+    return 0
+
+
+class Watchdog(threading.Thread):
+    """Polls peers' ports; if one stops answering, says which and exits 3.
+
+    TF would otherwise retry a dead PS for a long time (MonitoredTrainingSession
+    recovers from UnavailableError by recreating its session, forever)."""
+
+    def __init__(self, prog, peers, advice):
+        super().__init__(daemon=True)
+        self.prog, self.peers, self.advice = prog, peers, advice  # peers: [(who, address)]
+        self._stop_event = threading.Event()
+
+    def run(self):
+        misses = {address: 0 for _, address in self.peers}
+        while not self._stop_event.wait(WATCH_INTERVAL_SEC):
+            for who, address in self.peers:
+                misses[address] = 0 if is_listening(address) else misses[address] + 1
+                if misses[address] >= WATCH_MISSES and not self._stop_event.is_set():
+                    sys.stderr.write(f"{self.prog}: error: {who} at {address} stopped answering; "
+                                     f"training cannot go on. {self.advice}\n")
+                    sys.stderr.flush()
+                    sys.stdout.flush()
+                    os._exit(3)
+
+    def stop(self):
+        self._stop_event.set()
+
+
+def wait_for(predicate, timeout, poll=0.5):
+    """Poll predicate() until true or `timeout` seconds pass; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(poll)
