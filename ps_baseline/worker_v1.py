@@ -8,6 +8,7 @@ MonitoredTrainingSession makes worker 0 the chief: it initialises or restores
 the variables, writes checkpoints and summaries; the others wait for it.
 Lines that distribution adds are marked `# PS:`.
 """
+import threading
 import time
 from types import SimpleNamespace
 
@@ -84,7 +85,9 @@ def build_graph(tf, args, cluster_spec, num_workers, image_shape):
             tf.argmax(eval_logits, 1, output_type=tf.int32), g.labels), tf.float32))
         g.eval_loss_sum = tf.reduce_sum(models.per_example_loss(eval_logits, g.labels))
         if args.task_index != 0:
-            g.uninitialized = tf.compat.v1.report_uninitialized_variables()
+            # Only the shared (global) variables: local ones are this worker's to initialise.
+            g.uninitialized = tf.size(tf.compat.v1.report_uninitialized_variables(
+                tf.compat.v1.global_variables()))
 
     with tf.compat.v1.device(f"/job:worker/task:{args.task_index}"):
         # End-of-run reports travel through PS 0, so a chief on another machine
@@ -124,6 +127,7 @@ def train(args, cluster, dataset):
                     dataset.train_images.shape[1:])
     hooks = []
     if args.sync:
+        quiet_cancelled_queue_runners(tf)
         # PS: the chief runs the queue that applies aggregated updates.
         hooks.append(g.optimizer.make_session_run_hook(is_chief, num_tokens=0))
     if is_chief and args.show_placement:
@@ -228,11 +232,24 @@ def train(args, cluster, dataset):
     return 0
 
 
+def quiet_cancelled_queue_runners(tf):
+    """The sync chief's queue runner is still waiting for gradients when the
+    session closes at the end; its CancelledError then is expected, not news."""
+    default_hook = threading.excepthook
+
+    def hook(info):
+        if not (issubclass(info.exc_type, tf.errors.CancelledError)
+                and info.thread.name.startswith("QueueRunnerThread")):
+            default_hook(info)
+
+    threading.excepthook = hook
+
+
 def wait_for_chief(tf, server, g, config, timeout, chief_address):
     """Poll every half second until the chief has initialised the variables
     (MonitoredTrainingSession's own wait re-checks only every 30 s)."""
     with tf.compat.v1.Session(server.target, config=config) as sess:
-        if not servers.wait_for(lambda: len(sess.run(g.uninitialized)) == 0, timeout):
+        if not servers.wait_for(lambda: sess.run(g.uninitialized) == 0, timeout):
             raise UsageError(f"the chief (worker 0 at {chief_address}) did not initialise the "
                              f"variables within {timeout:g}s (--startup-timeout): start it")
 
