@@ -1,0 +1,44 @@
+"""Checkpoints: standard files, written by rank 0, resumable on any rank count."""
+import numpy as np
+import pytest
+
+from conftest import ONE_THREAD, horovodrun, last_json, run_ok
+from test_ring_training import weights
+
+pytestmark = pytest.mark.timeout(300)
+
+# Momentum, so that a resume that lost optimizer state would show in the weights.
+EXACT = ["--model", "mnist_mlp", "--optimizer", "momentum", "--lr", "0.02", "--no-lr-scaling",
+         "--warmup-epochs", "0", "--log-every", "1000", *ONE_THREAD]
+
+
+def test_checkpoint_is_a_standard_tf_checkpoint_with_progress(tmp_path):
+    import tensorflow as tf
+    ckpt = tmp_path / "ckpt"
+    summary = last_json(run_ok(horovodrun(2, *EXACT, "--batch-size", "16", "--steps", "7",
+                                          "--checkpoint-every", "5", "--checkpoint-dir", str(ckpt))))
+    assert summary["checkpoint"].endswith("ckpt-7")
+    reader = tf.train.load_checkpoint(summary["checkpoint"])
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 7
+    assert reader.get_tensor("samples_in_epoch/.ATTRIBUTES/VARIABLE_VALUE") == 7 * 2 * 16
+    assert tf.train.get_checkpoint_state(str(ckpt)).all_model_checkpoint_paths[-2].endswith("ckpt-5")
+
+
+def test_resume_on_a_different_rank_count_continues_exactly(tmp_path):
+    """2 ranks x 16 for 6 steps, then 1 rank x 32 for 6 more == 2 ranks x 16 for 12 steps."""
+    straight, resumed = str(tmp_path / "straight-{rank}.npz"), str(tmp_path / "resumed-{rank}.npz")
+    ckpt = str(tmp_path / "ckpt")
+    run_ok(horovodrun(2, *EXACT, "--batch-size", "16", "--steps", "12", "--dump-weights", straight))
+    run_ok(horovodrun(2, *EXACT, "--batch-size", "16", "--steps", "6", "--checkpoint-dir", ckpt))
+    out = run_ok(["ringtrain", *EXACT, "--batch-size", "32", "--steps", "12",
+                  "--checkpoint-dir", ckpt, "--resume", "--dump-weights", resumed])
+    assert "steps 6..12" in out
+    assert last_json(out)["steps"] == 12
+    for a, b in zip(weights(straight, 0), weights(resumed, 0)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_resume_with_an_empty_checkpoint_dir_starts_fresh(tmp_path):
+    out = run_ok(["ringtrain", *EXACT, "--steps", "2", "--checkpoint-dir", str(tmp_path / "new"),
+                  "--resume"])
+    assert "steps 0..2" in out
