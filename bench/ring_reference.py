@@ -74,3 +74,52 @@ def allgather(comm, flat):
         recv_lo, recv_hi = bounds[(rank - step) % size]
         comm.Sendrecv(_as_bytes(flat[send_lo:send_hi]), dest=right, sendtag=size + step,
                       recvbuf=_as_bytes(flat[recv_lo:recv_hi]), source=left, recvtag=size + step)
+
+
+def check_against_mpi(comm, sizes=(0, 1, 2, 3, 5, 7, 64, 1000, 12345), seed=0):
+    """Compare ring_allreduce with MPI_Allreduce on this communicator: exact
+    for integers (sum, max, min), within float tolerance for floats (sum).
+    Returns a list of failure messages (empty: all equal)."""
+    from mpi4py import MPI
+    rank, size = comm.Get_rank(), comm.Get_size()
+    failures = []
+    cases = [(np.int32, np.add, MPI.SUM), (np.int64, np.add, MPI.SUM),
+             (np.int64, np.maximum, MPI.MAX), (np.int64, np.minimum, MPI.MIN),
+             (np.float32, np.add, MPI.SUM), (np.float64, np.add, MPI.SUM)]
+    for count in list(sizes) + [size - 1, size + 1, 3 * size + 2]:
+        for dtype, ufunc, mpi_op in cases:
+            rng = np.random.default_rng([seed, rank, count])
+            if np.issubdtype(dtype, np.integer):
+                local = rng.integers(-10**6, 10**6, count).astype(dtype)
+            else:
+                local = rng.standard_normal(count).astype(dtype)
+            expected = np.empty_like(local)
+            comm.Allreduce(local, expected, op=mpi_op)
+            got = ring_allreduce(comm, local, ufunc)
+            same_everywhere = comm.allreduce(got.tobytes(), op=MPI.MAX) == got.tobytes()
+            if np.issubdtype(dtype, np.integer):
+                ok = np.array_equal(got, expected)
+            else:
+                tol = 1e-5 if dtype == np.float32 else 1e-12
+                ok = np.allclose(got, expected, rtol=tol, atol=tol * size)
+            if not ok or got.dtype != local.dtype or got.shape != local.shape:
+                failures.append(f"rank {rank}: {np.dtype(dtype).name} {ufunc.__name__} count={count} differs")
+            if not same_everywhere:
+                failures.append(f"rank {rank}: {np.dtype(dtype).name} count={count} differs between ranks")
+    matrix = np.arange(12, dtype=np.int64).reshape(3, 4) * (rank + 1)
+    if not np.array_equal(ring_allreduce(comm, matrix), np.arange(12).reshape(3, 4) * size * (size + 1) // 2):
+        failures.append(f"rank {rank}: a 3x4 array lost its shape or values")
+    return failures
+
+
+if __name__ == "__main__":
+    # mpirun -np N python -m bench.ring_reference   (exit 0: equal to MPI_Allreduce)
+    import sys
+    world = MPI.COMM_WORLD
+    problems = check_against_mpi(world)
+    every = world.gather(problems, root=0)
+    if world.Get_rank() == 0:
+        flat = [p for ps in every for p in ps]
+        print("\n".join(flat) if flat else f"ring_allreduce == MPI_Allreduce on {world.Get_size()} ranks")
+        sys.exit(1 if flat else 0)
+    sys.exit(1 if problems else 0)

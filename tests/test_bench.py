@@ -1,0 +1,193 @@
+"""ringtrain-bench: tables, CSV, JSON and plots from recorded summaries, and
+tiny end-to-end runs through the real launchers."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import scaling, stats, tables
+from bench.launch import child_env, end_tree
+
+BENCH = [sys.executable, "-m", "bench"]
+
+
+def summary(mode, n, per_worker_rate, step_sec, num_ps=None):
+    """A launcher summary as the ring and PS launchers write it."""
+    s = {"mode": mode, "world_size": n, "steps": 50, "images_per_sec": per_worker_rate * n * 0.98,
+         "images_per_sec_per_worker": [per_worker_rate] * n,
+         "window_images_per_sec": [[per_worker_rate * f for f in (0.97, 1.0, 1.03, 1.0)]] * n,
+         "step_time_sec": [step_sec] * n, "timed_samples": 64 * 47 * n, "timed_seconds": 3.0,
+         "wall_time_sec": 9.0, "train_loss": 0.5, "test_accuracy": 0.8, "config": {}}
+    if num_ps:
+        s.update(num_ps=num_ps, staleness_mean=0.5, staleness_max=2)
+    return s
+
+
+CFG = {"modes": ["ring", "ps-sync", "ps-async"], "np": [1, 2], "model": "mnist_cnn",
+       "data": "synthetic", "batch_size": 64, "scaling": "weak", "global_batch": None,
+       "steps": 50, "num_ps": 1, "threads": 1, "timeout": 60, "cores": 2,
+       "environment": {"cores": 2, "cpu_model": "test"}}
+FIT = {"alpha_sec": 50e-6, "beta_sec_per_byte": 1 / 3e9, "bandwidth_gb_per_sec": 3.0}
+
+
+def recorded_result():
+    summaries = {("ring", 1): summary("ring", 1, 1000, 0.064), ("ring", 2): summary("ring", 2, 950, 0.067),
+                 ("ps-sync", 1): summary("ps-sync", 1, 800, 0.080, 1),
+                 ("ps-sync", 2): summary("ps-sync", 2, 600, 0.106, 1),
+                 ("ps-async", 1): summary("ps-async", 1, 850, 0.075, 1),
+                 ("ps-async", 2): summary("ps-async", 2, 700, 0.091, 1)}
+    compute = {1: summary("ring", 1, 1010, 0.063), 2: summary("ring", 2, 990, 0.0645)}
+    return scaling.build(summaries, compute, CFG, FIT, 4_800_000)
+
+
+def test_speedup_and_efficiency_are_against_the_same_mode_at_one_worker():
+    rows = {(r["mode"], r["workers"]): r for r in recorded_result()["rows"]}
+    ring1, ring2 = rows[("ring", 1)], rows[("ring", 2)]
+    assert ring2["speedup"] == pytest.approx(ring2["total_images_per_sec"] / ring1["total_images_per_sec"])
+    assert ring2["efficiency"] == pytest.approx(ring2["speedup"] / 2)
+    ps1, ps2 = rows[("ps-sync", 1)], rows[("ps-sync", 2)]
+    assert ps2["efficiency"] == pytest.approx(ps2["total_images_per_sec"] / (2 * ps1["total_images_per_sec"]))
+
+
+def test_total_is_the_launchers_measured_total_not_rank0_times_n():
+    for r in recorded_result()["rows"]:
+        assert r["total_images_per_sec"] != pytest.approx(r["per_worker_images_per_sec_mean"] * r["workers"])
+
+
+def test_exposed_communication_is_step_minus_compute_only_step():
+    rows = {(r["mode"], r["workers"]): r for r in recorded_result()["rows"]}
+    assert rows[("ring", 2)]["exposed_comm_ms"] == pytest.approx(67.0 - 64.5)
+    assert rows[("ps-sync", 2)]["compute_time_ms"] == pytest.approx(64.5)
+
+
+def test_alpha_beta_prediction_uses_the_ring_and_ps_formulas():
+    rows = {(r["mode"], r["workers"]): r for r in recorded_result()["rows"]}
+    ring = stats.ring_allreduce_seconds(4_800_000, 2, 50e-6, 1 / 3e9)
+    assert ring == pytest.approx(2 * 50e-6 + 4_800_000 / 3e9)
+    assert rows[("ring", 2)]["predicted_step_time_ms"] == pytest.approx(64.5 + 1e3 * ring)
+    ps = stats.ps_exchange_seconds(4_800_000, 2, 1, 50e-6, 1 / 3e9)
+    assert rows[("ps-sync", 2)]["predicted_step_time_ms"] == pytest.approx(64.5 + 1e3 * ps)
+    assert rows[("ring", 1)]["predicted_comm_ms"] == 0.0
+
+
+def test_oversubscription_is_flagged_when_processes_outnumber_cores():
+    rows = {(r["mode"], r["workers"]): r for r in recorded_result()["rows"]}
+    assert not rows[("ring", 2)]["oversubscribed"]
+    assert rows[("ps-sync", 2)]["oversubscribed"]  # 2 workers + 1 PS on 2 cores
+
+
+def test_gap_table_compares_ring_with_sync_ps_at_each_n():
+    gaps = {g["workers"]: g for g in recorded_result()["gaps"]}
+    assert set(gaps) == {1, 2}
+    assert gaps[2]["measured_gap_ms"] == pytest.approx(106.0 - 67.0)
+
+
+def test_confidence_interval_is_students_t_over_windows():
+    mean, half = stats.mean_ci95([10.0, 12.0, 14.0])
+    assert mean == 12.0 and half == pytest.approx(4.303 * 2 / 3 ** 0.5, rel=1e-3)
+    assert stats.mean_ci95([5.0]) == (5.0, None)
+
+
+def test_alpha_beta_fit_recovers_known_latency_and_bandwidth():
+    alpha, beta = 30e-6, 1 / 2e9
+    pts = [(s, stats.ring_allreduce_seconds(s, 2, alpha, beta)) for s in (4096, 65536, 1 << 20, 16 << 20)]
+    fit = stats.fit_alpha_beta(pts, 2)
+    assert fit["alpha_sec"] == pytest.approx(alpha, rel=1e-6)
+    assert fit["beta_sec_per_byte"] == pytest.approx(beta, rel=1e-6)
+
+
+def test_sizes_parse_as_nccl_tests_ranges():
+    assert tables.parse_sizes("4K..256K") == [4096, 16384, 65536, 262144]
+    assert tables.parse_sizes("1M,4800000") == [1 << 20, 4800000]
+
+
+def test_markdown_table_has_fixed_columns():
+    text = tables.markdown([("a", "alpha"), ("b", "b")], [{"a": "1", "b": "22222"}, {"a": "333", "b": "4"}])
+    lines = text.splitlines()
+    assert len({len(line) for line in lines}) == 1
+    assert lines[0].startswith("| alpha |")
+
+
+def test_scaling_writes_table_csv_json_and_plots_with_every_column(tmp_path):
+    result = recorded_result()
+    text = scaling.write(result, str(tmp_path))
+    for name in ("scaling.md", "scaling.csv", "scaling.json", "scaling_throughput.png", "scaling_efficiency.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "bench/COLUMNS.md" in text
+    for _, header in scaling.COLUMNS:
+        assert header in text
+    rows = json.loads((tmp_path / "scaling.json").read_text())["rows"]
+    for row in rows:
+        assert set(scaling.CSV_KEYS) <= set(row)
+    header = (tmp_path / "scaling.csv").read_text().splitlines()[0].split(",")
+    assert header == scaling.CSV_KEYS
+
+
+def test_every_column_header_is_defined_in_columns_md():
+    from bench import allreduce
+    doc = open(os.path.join(os.path.dirname(scaling.__file__), "COLUMNS.md")).read()
+    for _, header in scaling.COLUMNS + allreduce.COLUMNS:
+        assert f"| {header} |" in doc, header
+
+
+def test_bad_mode_fails_with_one_line_naming_it():
+    proc = subprocess.run(BENCH + ["scaling", "--modes", "ring,allgather", "--out", "/tmp/unused"],
+                          capture_output=True, text=True, env=child_env(), timeout=60)
+    assert proc.returncode == 2
+    assert "allgather" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def run_bench(args, timeout):
+    proc = subprocess.Popen(BENCH + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env(), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        end_tree(proc)
+    assert proc.returncode == 0, f"stdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_tiny_allreduce_bench_reports_every_implementation(tmp_path):
+    out = run_bench(["allreduce", "--np", "2", "--sizes", "4K,64K", "--trials", "2",
+                     "--out", str(tmp_path)], timeout=220)
+    result = json.loads((tmp_path / "allreduce.json").read_text())
+    impls = {r["impl"] for r in result["rows"]}
+    assert {"mpi4py", "ring", "memcpy", "horovod-mpi", "horovod-mpi-grads", "horovod-gloo"} <= impls
+    for r in result["rows"]:
+        assert r["busbw_gbs"] > 0 and r["algbw_gbs"] > 0
+        if r["impl"] != "memcpy":
+            assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * 2 * (2 - 1) / 2)
+    assert "horovod-mpi" in result["alpha_beta"]
+    assert (tmp_path / "allreduce_busbw.png").stat().st_size > 0
+    assert "busbw (GB/s)" in out and (tmp_path / "allreduce.md").exists()
+
+
+def ps_launcher_ready():
+    try:
+        proc = subprocess.run(BENCH[:1] + ["-m", "ps_baseline.cli", "launch", "--help"],
+                              capture_output=True, text=True, env=child_env(), timeout=60)
+    except Exception:
+        return False
+    return proc.returncode == 0 and "--num-ps" in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_tiny_scaling_bench_end_to_end_holds_every_column(tmp_path):
+    # ring and sync PS at N = 1, 2: six launches, including the two compute-only ones
+    modes = "ring,ps-sync" if ps_launcher_ready() else "ring"
+    out = run_bench(["scaling", "--modes", modes, "--np", "1,2", "--steps", "13", "--batch-size", "16",
+                     "--out", str(tmp_path)], timeout=280)
+    result = json.loads((tmp_path / "scaling.json").read_text())
+    assert {(r["mode"], r["workers"]) for r in result["rows"]} == \
+        {(m, n) for m in modes.split(",") for n in (1, 2)}
+    for row in result["rows"]:
+        assert set(scaling.CSV_KEYS) <= set(row)
+        assert row["total_images_per_sec"] > 0 and row["step_time_ms"] > 0
+        assert row["efficiency"] is not None and row["compute_time_ms"] > 0
+    assert {"horovod", "numpy", "mpirun", "cores", "threads_per_worker", "hostfile"} <= set(result["environment"])
+    assert result["config"]["modes"] == modes.split(",")
+    assert "efficiency" in out and (tmp_path / "scaling_throughput.png").exists()
