@@ -1,0 +1,120 @@
+"""`ringtrain doctor`: what is installed, what Horovod was built with, whether
+mpirun can start 2 ranks here; one-line fixes; non-zero when ring mode can't run."""
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+from workloads.tfenv import import_tensorflow_quietly
+
+FIX_INSTALL = "run `make install` in the ringtrain checkout"
+
+
+class Report:
+    def __init__(self):
+        self.problems = []  # (what, fix) that stop ring mode
+
+    def line(self, key, value):
+        print(f"{key:<22} {value}")
+
+    def problem(self, what, fix):
+        self.problems.append((what, fix))
+
+
+def versions(report):
+    report.line("python", platform.python_version())
+    tf = hvd = None
+    try:
+        tf = import_tensorflow_quietly()
+        import keras
+        report.line("tensorflow", tf.__version__)
+        report.line("keras", keras.__version__)
+    except ImportError as e:
+        report.line("tensorflow", f"MISSING ({e})")
+        report.problem("TensorFlow is not importable", FIX_INSTALL)
+    try:
+        import horovod
+        import horovod.tensorflow as hvd
+        report.line("horovod", horovod.__version__)
+    except Exception as e:  # a mis-built extension raises more than ImportError
+        report.line("horovod", f"MISSING ({type(e).__name__}: {e})")
+        report.problem("horovod.tensorflow does not import", FIX_INSTALL + " (rebuilds Horovod)")
+    try:
+        from mpi4py import MPI
+        import mpi4py
+        report.line("mpi4py", mpi4py.__version__)
+        report.line("mpi library", MPI.Get_library_version().strip().splitlines()[0])
+    except Exception as e:
+        report.line("mpi4py", f"MISSING ({e})")
+        report.problem("mpi4py is missing (the allreduce bench needs it)", FIX_INSTALL)
+    return tf, hvd
+
+
+def horovod_build(report, hvd):
+    """The same facts as `horovodrun --check-build`."""
+    if hvd is None:
+        return
+    frameworks = ["TensorFlow"]
+    controllers = [name for name, ok in (("MPI", hvd.mpi_built()), ("Gloo", hvd.gloo_built())) if ok]
+    ops = [name for name, ok in (("NCCL", hvd.nccl_built()), ("DDL", hvd.ddl_built()),
+                                 ("CCL", hvd.ccl_built()), ("MPI", hvd.mpi_built()),
+                                 ("Gloo", hvd.gloo_built())) if ok]
+    report.line("horovod frameworks", ", ".join(frameworks))
+    report.line("horovod controllers", ", ".join(controllers) or "NONE")
+    report.line("horovod tensor ops", ", ".join(ops) or "NONE")
+    if not controllers:
+        report.problem("Horovod has neither MPI nor Gloo", "rebuild: HOROVOD_WITH_MPI=1 "
+                       "HOROVOD_WITH_GLOO=1 via " + FIX_INSTALL)
+
+
+def mpirun_two_ranks(report):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        report.line("mpirun", "MISSING")
+        report.problem("mpirun is not on PATH", "apt-get install openmpi-bin libopenmpi-dev "
+                       "(or " + FIX_INSTALL + ")")
+        return
+    cmd = [mpirun, "-np", "2", "--oversubscribe", sys.executable, "-c",
+           "from mpi4py import MPI; print(MPI.COMM_WORLD.Get_rank())"]
+    env = dict(os.environ)
+    if os.geteuid() == 0:
+        # Only the check sets these; users running as root set them themselves.
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+        ok = result.returncode == 0 and sorted(result.stdout.split()) == ["0", "1"]
+    except subprocess.TimeoutExpired:
+        ok, result = False, None
+    report.line("mpirun -np 2", "ok" if ok else "FAILED")
+    if not ok:
+        detail = (result.stderr.strip().splitlines() or [""])[-1] if result else "timed out after 60 s"
+        report.problem(f"mpirun could not start 2 ranks: {detail}",
+                       "check `mpirun -np 2 hostname` works; as root export "
+                       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+    elif os.geteuid() == 0 and not os.environ.get("OMPI_ALLOW_RUN_AS_ROOT"):
+        print("note: you are root; plain mpirun needs --allow-run-as-root or "
+              "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 (horovodrun adds it itself)")
+
+
+def hardware(report, tf):
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    report.line("cores", f"{cores} usable of {os.cpu_count()}")
+    gpus = tf.config.list_physical_devices("GPU") if tf else []
+    report.line("gpus", f"{len(gpus)}" + (f" ({', '.join(g.name for g in gpus)})" if gpus else ""))
+
+
+def main(argv=None):
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: ringtrain doctor\n\nPrint versions, Horovod's build, whether mpirun can "
+              "start 2 ranks, cores and GPUs.\nExits non-zero when ring mode cannot run.")
+        return 0
+    report = Report()
+    tf, hvd = versions(report)
+    horovod_build(report, hvd)
+    mpirun_two_ranks(report)
+    hardware(report, tf)
+    for what, fix in report.problems:
+        print(f"PROBLEM: {what} -> fix: {fix}")
+    print("ring mode: " + ("ready" if not report.problems else "CANNOT RUN"))
+    return 1 if report.problems else 0

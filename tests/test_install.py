@@ -1,0 +1,31 @@
+"""The install: doctor's verdict, and Horovod's TF API on Keras 3 variables."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import BIN, REPO, run_ok
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_doctor_finds_tensorflow_mpi_and_gloo():
+    out = run_ok([os.path.join(BIN, "ringtrain"), "doctor"])
+    assert "horovod controllers    MPI, Gloo" in out
+    assert "tensorflow             2." in out
+    assert "mpirun -np 2           ok" in out
+    assert out.strip().endswith("ring mode: ready")
+
+
+@pytest.mark.parametrize("gloo", [False, True])
+def test_horovod_trains_keras3_models_with_identical_weights_on_both_ranks(gloo):
+    cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", *(["--gloo"] if gloo else []),
+           os.path.join(BIN, "python"), os.path.join(REPO, "tests", "scripts", "keras3_horovod.py")]
+    out = run_ok(cmd)
+    ranks = [json.loads(l[l.index("{"):]) for l in out.splitlines() if '"rank"' in l]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    # Broadcast, DistributedGradientTape, PartialDistributedGradientTape and
+    # SyncBatchNormalization (global moments) all keep the ranks in lockstep.
+    np.testing.assert_array_equal(ranks[0]["weights"], ranks[1]["weights"])
+    np.testing.assert_array_equal(ranks[0]["bn_moving_mean"], ranks[1]["bn_moving_mean"])
