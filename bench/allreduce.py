@@ -18,6 +18,7 @@ from bench import launch, stats, tables
 from bench.environment import describe, usable_cores
 
 IMPL_ORDER = ["mpi4py", "ring", "horovod-mpi", "horovod-mpi-eager", "horovod-mpi-grads",
+              "horovod-mpi-cycle0.1ms", "horovod-mpi-cycle0.1ms-eager", "horovod-mpi-cycle0.1ms-grads",
               "horovod-gloo", "horovod-gloo-eager", "horovod-gloo-grads", "memcpy"]
 FIT_IMPL = "horovod-mpi"  # the alpha-beta model: Horovod as training calls it
 COLUMNS = [("impl", "impl"), ("size", "size"), ("count", "count"), ("type", "type"),
@@ -38,7 +39,7 @@ def busbw_factor(ranks):
 
 
 def run(np_, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True,
-        horovod_env=None, timeout=900, log=print):
+        horovod_env=None, timeout=900, log=print, compare_cycle_ms=None):
     """Launch the workers, gather their rows, write allreduce.{json,md,png}."""
     os.makedirs(out_dir, exist_ok=True)
     shapes = gradient_shapes(model) if model else []
@@ -51,6 +52,13 @@ def run(np_, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True,
     launches = [("mpi", launch.mpirun(np_, python + ["--impls", "mpi4py,ring,memcpy,horovod",
                                                      "--horovod-label", "mpi"] + common,
                                       usable_cores(), env_names=sorted(knobs)))]
+    if compare_cycle_ms is not None:
+        # Horovod's background thread wakes every cycle: at 1 ms that is a floor under
+        # every allreduce; this launch shows what a shorter cycle buys.
+        label = f"mpi-cycle{compare_cycle_ms:g}ms"
+        launches.append((label, launch.mpirun(np_, python + ["--impls", "horovod", "--horovod-label", label]
+                                              + common, usable_cores(),
+                                              env_names=sorted(set(knobs) | {"HOROVOD_CYCLE_TIME"}))))
     if gloo:
         launches.append(("gloo", launch.horovodrun(np_, python + ["--impls", "horovod",
                                                                   "--horovod-label", "gloo"] + common,
@@ -60,25 +68,30 @@ def run(np_, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True,
         part = os.path.join(out_dir, f"allreduce-{name}.rank0.json")
         logf = os.path.join(out_dir, f"allreduce-{name}.log")
         log(f"ringtrain-bench: allreduce over {name}: {' '.join(cmd[:6])} ... (log {logf})")
-        rc = launch.run(cmd + ["--out", part], logf, timeout, env=knobs)
+        env = dict(knobs, HOROVOD_CYCLE_TIME=f"{compare_cycle_ms:g}") if "cycle" in name else knobs
+        rc = launch.run(cmd + ["--out", part], logf, timeout, env=env)
         if rc != 0 or not os.path.exists(part):
             raise RuntimeError(f"allreduce launch {name} failed (exit {rc}); last lines of {logf}:\n"
                                + launch.tail(logf))
         with open(part) as f:
             rows += json.load(f)["rows"]
-    result = summarise(rows, np_, knobs)
+    result = summarise(rows, np_, knobs, compare_cycle_ms)
     result.update({"config": {"np": np_, "sizes": all_sizes, "model": model,
                               "gradient_bytes": grad_bytes, "gradient_shapes": shapes,
                               "trials": trials, "warmup_ops_excluded": warmup, "gloo": gloo,
                               "horovod_env": knobs},
-                   "environment": describe(threads_per_worker=1)})
+                   "environment": dict(describe(threads_per_worker=1),
+                                       load_average_at_end=list(os.getloadavg()))})
     write(result, out_dir)
     return result
 
 
-def summarise(rows, ranks, knobs):
+def knob_text(knobs):
+    return ",".join(f"{k.replace('HOROVOD_', '').lower()}={v}" for k, v in sorted(knobs.items())) or "defaults"
+
+
+def summarise(rows, ranks, knobs, compare_cycle_ms=None):
     """Median trial time per (impl, size) -> algbw, busbw, % of bounds."""
-    knob_text = ",".join(f"{k.replace('HOROVOD_', '').lower()}={v}" for k, v in sorted(knobs.items())) or "defaults"
     memcpy = {r["bytes"]: r["bytes"] / statistics.median(r["trial_seconds"])
               for r in rows if r["impl"] == "memcpy"}
     out = []
@@ -88,7 +101,9 @@ def summarise(rows, ranks, knobs):
         busbw = algbw * busbw_factor(ranks) if r["impl"] != "memcpy" else algbw
         out.append({**r, "seconds": t, "time_us": t * 1e6, "algbw_gbs": algbw / 1e9,
                     "busbw_gbs": busbw / 1e9, "memcpy_gbs": memcpy.get(r["bytes"], float("nan")) / 1e9,
-                    "knobs": knob_text if r["impl"].startswith("horovod") else ""})
+                    "knobs": "" if not r["impl"].startswith("horovod") else
+                    knob_text(dict(knobs, HOROVOD_CYCLE_TIME=f"{compare_cycle_ms:g}")
+                              if "-cycle" in r["impl"] else knobs)})
     mpi = {r["bytes"]: r["busbw_gbs"] for r in out if r["impl"] == "mpi4py"}
     for r in out:
         r["pct_of_memcpy_bound"] = 100 * r["busbw_gbs"] / r["memcpy_gbs"] if r["impl"] != "memcpy" else None
@@ -111,13 +126,16 @@ def markdown(result):
              "pct_bound": tables.fmt(r["pct_of_memcpy_bound"], 0),
              "pct_mpi": tables.fmt(r["pct_of_mpi_busbw"], 0), "knobs": r["knobs"]}
             for r in result["rows"]]
-    cfg = result["config"]
+    cfg, env = result["config"], result.get("environment", {})
     head = (f"# Allreduce bandwidth, {cfg['np']} ranks, float32 sum\n\n"
             f"Columns are defined in bench/COLUMNS.md (nccl-tests definitions: "
             f"busbw = algbw * 2(n-1)/n = algbw * {result['busbw_factor']:.3g}). "
             f"Time is the median over {cfg['trials']} trials of the slowest rank's mean time per "
             f"operation; {cfg['warmup_ops_excluded']} warm-up operations excluded. "
-            f"The {tables.human_bytes(cfg['gradient_bytes'])} row is {cfg['model']}'s gradient size.\n\n")
+            f"The {tables.human_bytes(cfg['gradient_bytes'])} row is {cfg['model']}'s gradient size. "
+            f"{env.get('cores')} cores ({env.get('cpu_model')}); load average (1 min) at start/end "
+            f"{tables.fmt((env.get('load_average_at_start') or [None])[0])}/"
+            f"{tables.fmt((env.get('load_average_at_end') or [None])[0])}.\n\n")
     fits = "\n".join(f"- alpha-beta fit, {impl}: alpha = {f['alpha_sec'] * 1e6:.1f} us, "
                      f"1/beta = {f['bandwidth_gb_per_sec'] or 0:.2f} GB/s "
                      f"(worst relative error {100 * f['max_relative_error']:.0f}%)"

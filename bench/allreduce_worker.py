@@ -26,16 +26,24 @@ def iterations(nbytes):
 
 def time_trials(run, nbytes, trials, warmup, barrier, slowest):
     """Per-op seconds of each trial, max over ranks; warm-up ops excluded."""
+    return time_interleaved({"x": run}, nbytes, trials, warmup, barrier, slowest)["x"]
+
+
+def time_interleaved(runs, nbytes, trials, warmup, barrier, slowest):
+    """Trials of several implementations taken in turn (a, b, c, a, b, c, ...),
+    so that a burst of load from elsewhere hits them alike."""
     iters = iterations(nbytes)
-    for _ in range(warmup):
-        run()
-    out = []
-    for _ in range(trials):
-        barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
+    for run in runs.values():
+        for _ in range(warmup):
             run()
-        out.append(slowest((time.perf_counter() - start) / iters))
+    out = {name: [] for name in runs}
+    for _ in range(trials):
+        for name, run in runs.items():
+            barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                run()
+            out[name].append(slowest((time.perf_counter() - start) / iters))
     return out
 
 
@@ -60,10 +68,9 @@ def mpi_rows(impls, sizes, trials, warmup):
             # every rank copies at once: the memory system is shared, as it is in an allreduce
             "memcpy": lambda: np.copyto(recv, send),
         }
-        for impl in impls:
-            if impl in runs:
-                t = time_trials(runs[impl], nbytes, trials, warmup, comm.Barrier, slowest)
-                rows.append(row(impl, nbytes, t, world, iterations(nbytes)))
+        chosen = {impl: runs[impl] for impl in impls if impl in runs}
+        timed = time_interleaved(chosen, nbytes, trials, warmup, comm.Barrier, slowest)
+        rows += [row(impl, nbytes, timed[impl], world, iterations(nbytes)) for impl in chosen]
     return rows
 
 
@@ -91,10 +98,10 @@ def horovod_rows(sizes, trials, warmup, grad_shapes, label):
         x = tf.ones([nbytes // 4], tf.float32)
         graph_allreduce = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum, name="bench.graph"))
         eager = lambda: hvd.allreduce(x, op=hvd.Sum, name="bench.eager")
-        for impl, run in ((f"horovod-{label}", lambda: graph_allreduce(x).numpy()),
-                          (f"horovod-{label}-eager", lambda: eager().numpy())):
-            t = time_trials(run, nbytes, trials, warmup, barrier, slowest)
-            rows.append(row(impl, nbytes, t, world, iterations(nbytes)))
+        runs = {f"horovod-{label}": lambda: graph_allreduce(x).numpy(),
+                f"horovod-{label}-eager": lambda: eager().numpy()}
+        timed = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest)
+        rows += [row(impl, nbytes, timed[impl], world, iterations(nbytes)) for impl in runs]
     if grad_shapes:
         grads = [tf.ones(s, tf.float32) for s in grad_shapes]
         nbytes = 4 * sum(int(np.prod(s)) for s in grad_shapes)

@@ -42,10 +42,16 @@ def add_allreduce_flags(p, np_default="2"):
                         "the model's gradient size is always added")
     g.add_argument("--trials", type=positive_int, default=5, help="timed trials per size; the median is reported (default 5)")
     g.add_argument("--no-gloo", action="store_true", help="skip the horovodrun --gloo rows")
+    g.add_argument("--compare-cycle-time-ms", type=float, metavar="MS",
+                   help="also run the Horovod-over-MPI rows with HOROVOD_CYCLE_TIME=MS")
+
+
+def add_horovod_flags(p):
+    g = p.add_argument_group("Horovod knobs (for the Horovod allreduce rows and the ring runs)")
     g.add_argument("--cycle-time-ms", type=float, metavar="MS",
-                   help="HOROVOD_CYCLE_TIME for the Horovod rows (default: Horovod's own, 1 ms)")
+                   help="HOROVOD_CYCLE_TIME / ringtrain --cycle-time-ms (default: Horovod's own, 1 ms)")
     g.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
-                   help="HOROVOD_FUSION_THRESHOLD for the Horovod rows (default: Horovod's own, 128 MB)")
+                   help="HOROVOD_FUSION_THRESHOLD / ringtrain --fusion-threshold-mb (default: 128 MB)")
 
 
 def add_scaling_flags(p, modes_default, np_default):
@@ -83,12 +89,14 @@ def parser():
     a.add_argument("--out", required=True, metavar="DIR")
     a.add_argument("--timeout", type=float, default=900, help="seconds per launch (default 900)")
     add_allreduce_flags(a)
+    add_horovod_flags(a)
     s = sub.add_parser("scaling", help="ring vs PS throughput, efficiency and step-time split", **common)
     s.add_argument("--np", type=int_list, default=[1, 2], help="worker counts, e.g. 1,2,4 (default 1,2)")
     s.add_argument("--model", default="mnist_cnn", help="default %(default)s")
     s.add_argument("--out", required=True, metavar="DIR")
     s.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
     add_scaling_flags(s, "ring,ps-sync,ps-async", "1,2")
+    add_horovod_flags(s)
     r = sub.add_parser("report", help="allreduce bench, then scaling bench (what `make bench` runs)", **common)
     r.add_argument("--np", type=int_list, default=[1, 2], help="scaling worker counts (default 1,2)")
     r.add_argument("--model", default="mnist_cnn", help="default %(default)s")
@@ -96,6 +104,8 @@ def parser():
     r.add_argument("--timeout", type=float, default=900, help="seconds per launch (default 900)")
     add_allreduce_flags(r)
     add_scaling_flags(r, "ring,ps-sync,ps-async", "1,2")
+    add_horovod_flags(r)
+    r.set_defaults(compare_cycle_time_ms=0.1)
     return p
 
 
@@ -117,6 +127,7 @@ def scaling_config(args):
             "data_dir": args.data_dir, "batch_size": args.batch_size, "scaling": args.scaling,
             "global_batch": args.global_batch, "steps": args.steps, "num_ps": args.num_ps,
             "threads": args.threads, "timeout": args.timeout,
+            "cycle_time_ms": args.cycle_time_ms, "fusion_threshold_mb": args.fusion_threshold_mb,
             "alpha_beta_json": args.alpha_beta or os.path.join(args.out, "allreduce.json")}
 
 
@@ -127,6 +138,7 @@ def run_allreduce(args, np_):
     sizes = tables.parse_sizes(args.sizes)
     result = allreduce.run(np_, sizes, args.out, model=args.model, trials=args.trials,
                            gloo=not args.no_gloo, horovod_env=horovod_env(args), timeout=args.timeout,
+                           compare_cycle_ms=args.compare_cycle_time_ms,
                            log=lambda m: print(m, file=sys.stderr, flush=True))
     print(allreduce.markdown(result), flush=True)
     return result

@@ -26,11 +26,12 @@ def ring_allreduce(comm, array, op=np.add):
     """Reduce `array` elementwise over every rank of `comm` with the ufunc
     `op` (np.add, np.maximum, np.minimum). Returns a new array, same shape and
     dtype, identical on every rank."""
-    result = np.array(array, copy=True, order="C").reshape(-1)
-    size, rank = comm.Get_size(), comm.Get_rank()
-    if size == 1 or result.size == 0:
+    local = np.ascontiguousarray(array).reshape(-1)
+    result = np.empty_like(local)
+    if comm.Get_size() == 1 or local.size == 0:
+        result[...] = local
         return result.reshape(np.shape(array))
-    scatter_reduce(comm, result, op)
+    scatter_reduce(comm, local, result, op)
     allgather(comm, result)
     return result.reshape(np.shape(array))
 
@@ -45,22 +46,24 @@ def _as_bytes(a):
     return [a.view(np.uint8), MPI.BYTE]
 
 
-def scatter_reduce(comm, flat, op=np.add):
+def scatter_reduce(comm, local, result, op=np.add):
     """Step s: send chunk (rank - s) to the right, receive chunk (rank - s - 1)
-    from the left and reduce it into ours. Afterwards chunk (rank + 1) % N
-    holds the full reduction."""
+    from the left and reduce our own contribution into it. Afterwards chunk
+    (rank + 1) % N of `result` holds the full reduction. `local` is only
+    read: the first send comes straight from it, and each reduction writes
+    into `result`, so no up-front copy of the buffer is needed."""
     size, rank = comm.Get_size(), comm.Get_rank()
     right, left = _neighbours(comm)
-    bounds = chunk_bounds(flat.size, size)
-    incoming = np.empty(max(b - a for a, b in bounds), dtype=flat.dtype)
+    bounds = chunk_bounds(local.size, size)
+    incoming = np.empty(max(b - a for a, b in bounds), dtype=local.dtype)
     for step in range(size - 1):
         send_lo, send_hi = bounds[(rank - step) % size]
         recv_lo, recv_hi = bounds[(rank - step - 1) % size]
+        outgoing = (local if step == 0 else result)[send_lo:send_hi]
         received = incoming[:recv_hi - recv_lo]
-        comm.Sendrecv(_as_bytes(flat[send_lo:send_hi]), dest=right, sendtag=step,
+        comm.Sendrecv(_as_bytes(outgoing), dest=right, sendtag=step,
                       recvbuf=_as_bytes(received), source=left, recvtag=step)
-        target = flat[recv_lo:recv_hi]
-        op(target, received, out=target)
+        op(local[recv_lo:recv_hi], received, out=result[recv_lo:recv_hi])
 
 
 def allgather(comm, flat):

@@ -34,6 +34,9 @@ def command(mode, workers, cfg, batch, summary, compute_only=False):
     train = training_flags(cfg, batch) + ["--summary-json", summary]
     if mode == "ring":
         extra = ["--no-allreduce"] if compute_only else []
+        for flag, key in (("--cycle-time-ms", "cycle_time_ms"), ("--fusion-threshold-mb", "fusion_threshold_mb")):
+            if cfg.get(key) is not None:
+                extra += [flag, f"{cfg[key]:g}"]
         return launch.horovodrun(workers, [launch.tool("ringtrain")] + train + extra)
     sync = ["--sync"] if mode == "ps-sync" else []
     return [launch.tool("ps-baseline"), "launch", "--num-ps", str(cfg["num_ps"]),
@@ -86,6 +89,7 @@ def run(cfg, out_dir, log=print):
         for mode in cfg["modes"]:
             summaries[(mode, n)] = run_one(mode, n, cfg, out_dir, log)
     result = build(summaries, compute, cfg, fit, grad_bytes)
+    result["environment"]["load_average_at_end"] = list(os.getloadavg())
     write(result, out_dir)
     return result
 
@@ -179,12 +183,15 @@ def markdown(result):
             "scaling": f"{r['scaling']} (B={r['per_worker_batch']}/worker)",
         })
     cfg, env, fit = result["config"], result["environment"], result["alpha_beta"]
+    load = env.get("load_average_at_start"), env.get("load_average_at_end")
     text = (f"# Ring against PS: {cfg['model']} on {cfg['data']} data, {cfg['steps']} steps per run\n\n"
             f"Columns are defined in bench/COLUMNS.md. Totals are measured (all workers' timed images / "
             f"slowest worker's timed seconds), never rank 0 x N; warm-up steps excluded. "
             f"Machine: {env.get('cores')} cores ({env.get('cpu_model')}), no GPU: N counts worker "
             f"processes, each with {cfg['threads']} TF thread(s); 'over' marks more processes x threads "
-            f"than cores.\n\n")
+            f"than cores. Load average (1 min) at start/end: "
+            f"{tables.fmt(load[0][0] if load[0] else None)}/{tables.fmt(load[1][0] if load[1] else None)} "
+            f"(other work on the machine skews every number).\n\n")
     text += tables.markdown(COLUMNS, rows)
     if fit:
         text += (f"\nα-β model from the allreduce bench: α = {fit['alpha_sec'] * 1e6:.1f} us, "
