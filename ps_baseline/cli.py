@@ -108,7 +108,6 @@ def run_task(argv):
 
     from workloads.tfenv import import_tensorflow_quietly, set_threads
     tf = import_tensorflow_quietly()
-    set_threads(args.threads)
     from ps_baseline import servers
     log = lambda msg: print(msg, flush=True)
     if args.api == "tf2":
@@ -116,6 +115,7 @@ def run_task(argv):
         if trains:
             return worker_tf2.train(args, cluster, dataset)
         return worker_tf2.serve(tf, cluster, args.job_name, args.task_index, args.threads, log)
+    set_threads(args.threads)
     if args.job_name == "ps":
         server = servers.start_server(tf, cluster, "ps", args.task_index, args.threads)
         return servers.run_ps(tf, server, args.task_index, args.threads, log)

@@ -12,17 +12,18 @@ WATCH_INTERVAL_SEC = 2.0
 WATCH_MISSES = 2  # consecutive failed connects before a peer counts as dead
 
 
-def session_config(tf, threads, device_filters=None):
+def session_config(tf, threads, device_filters=None, inter_op_threads=None):
     return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                    inter_op_parallelism_threads=threads,
+                                    inter_op_parallelism_threads=inter_op_threads or threads,
                                     device_filters=device_filters or [])
 
 
-def start_server(tf, cluster, job_name, task_index, threads):
+def start_server(tf, cluster, job_name, task_index, threads, inter_op_threads=None):
     address = cluster.address(job_name, task_index)
+    config = session_config(tf, threads, inter_op_threads=inter_op_threads)
     try:
         return tf.distribute.Server(tf.train.ClusterSpec(cluster.as_dict()), job_name=job_name,
-                                    task_index=task_index, config=session_config(tf, threads))
+                                    task_index=task_index, config=config)
     except (tf.errors.OpError, ValueError) as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"cannot start the gRPC server of {job_name} task {task_index} "

@@ -91,3 +91,12 @@ def test_restarted_chief_resumes_from_the_last_checkpoint(tmp_path):
         assert "restoring" in log and f"resuming at my step {saved}, global step {saved}" in log
         assert last_json(log)["steps"] == 3000
         assert tasks.wait("ps0", 30) == 0  # the chief let the PS go when training was over
+
+
+@pytest.mark.timeout(300)
+def test_tf2_parameter_server_strategy_completes_and_learns():
+    summary = launch("--api", "tf2", "--num-ps", "1", "--num-workers", "2", "--steps", "40", *TINY)
+    assert summary["mode"] == "ps-tf2" and summary["api"] == "tf2"
+    assert summary["steps"] == 80 and summary["world_size"] == 2
+    assert summary["test_accuracy"] > 0.7
+    assert "staleness_mean" in summary and "staleness_max" in summary
