@@ -57,7 +57,8 @@ def add_horovod_flags(p):
 def add_scaling_flags(p, modes_default, np_default):
     g = p.add_argument_group("scaling bench")
     g.add_argument("--modes", type=mode_list, default=mode_list(modes_default),
-                   help=f"comma list of ring, ps-sync, ps-async (default {modes_default})")
+                   help=f"comma list of ring (horovodrun, MPI), ring-gloo (horovodrun --gloo), ps-sync, "
+                        f"ps-async (default {modes_default})")
     g.add_argument("--data", choices=("synthetic", "mnist", "cifar10"), default="synthetic",
                    help="dataset (default %(default)s)")
     g.add_argument("--data-dir", metavar="DIR", help="passed to the trainers")
@@ -103,7 +104,7 @@ def parser():
     r.add_argument("--out", required=True, metavar="DIR")
     r.add_argument("--timeout", type=float, default=900, help="seconds per launch (default 900)")
     add_allreduce_flags(r)
-    add_scaling_flags(r, "ring,ps-sync,ps-async", "1,2")
+    add_scaling_flags(r, "ring,ring-gloo,ps-sync,ps-async", "1,2")
     add_horovod_flags(r)
     r.set_defaults(compare_cycle_time_ms=0.1)
     return p

@@ -7,7 +7,8 @@ import os
 from bench import launch, stats, tables
 from bench.environment import describe, usable_cores
 
-MODES = ("ring", "ps-sync", "ps-async")
+MODES = ("ring", "ring-gloo", "ps-sync", "ps-async")
+RING_MODES = ("ring", "ring-gloo")  # horovodrun (MPI controller) and horovodrun --gloo
 COLUMNS = [
     ("mode", "mode"), ("n", "N (PS)"), ("procs", "cores/procs/thr"),
     ("per_worker", "per-worker img/s (95% CI)"), ("total", "total img/s"),
@@ -32,12 +33,13 @@ def training_flags(cfg, batch):
 def command(mode, workers, cfg, batch, summary, compute_only=False):
     """The launcher command for one configuration, as an argument list."""
     train = training_flags(cfg, batch) + ["--summary-json", summary]
-    if mode == "ring":
+    if mode in RING_MODES:
         extra = ["--no-allreduce"] if compute_only else []
         for flag, key in (("--cycle-time-ms", "cycle_time_ms"), ("--fusion-threshold-mb", "fusion_threshold_mb")):
             if cfg.get(key) is not None:
                 extra += [flag, f"{cfg[key]:g}"]
-        return launch.horovodrun(workers, [launch.tool("ringtrain")] + train + extra)
+        return launch.horovodrun(workers, [launch.tool("ringtrain")] + train + extra,
+                                 gloo=mode == "ring-gloo")
     sync = ["--sync"] if mode == "ps-sync" else []
     return [launch.tool("ps-baseline"), "launch", "--num-ps", str(cfg["num_ps"]),
             "--num-workers", str(workers)] + sync + train
@@ -84,8 +86,10 @@ def run(cfg, out_dir, log=print):
         import numpy as np
         grad_bytes = 4 * sum(int(np.prod(s)) for s in gradient_shapes(cfg["model"]))
     summaries, compute = {}, {}
+    baselines = [m for m in cfg["modes"] if m in RING_MODES] or ["ring"]
     for n in cfg["np"]:
-        compute[n] = run_one("ring", n, cfg, out_dir, log, compute_only=True)
+        for ring_mode in baselines:
+            compute[(ring_mode, n)] = run_one(ring_mode, n, cfg, out_dir, log, compute_only=True)
         for mode in cfg["modes"]:
             summaries[(mode, n)] = run_one(mode, n, cfg, out_dir, log)
     result = build(summaries, compute, cfg, fit, grad_bytes)
@@ -102,13 +106,13 @@ def build(summaries, compute, cfg, fit, grad_bytes):
     for (mode, n), s in summaries.items():
         windows = [w for per_worker in s.get("window_images_per_sec", []) for w in per_worker]
         mean, ci = stats.mean_ci95(windows)
-        num_ps = s.get("num_ps", cfg["num_ps"]) if mode != "ring" else 0
+        num_ps = s.get("num_ps", cfg["num_ps"]) if mode not in RING_MODES else 0
         procs = n + num_ps
         step = _mean(s.get("step_time_sec"))
-        comp = _mean(compute[n].get("step_time_sec")) if n in compute else None
+        comp = _mean(compute_baseline(compute, mode, n).get("step_time_sec"))
         if fit and grad_bytes:
             a, b = fit["alpha_sec"], fit["beta_sec_per_byte"]
-            comm = (stats.ring_allreduce_seconds(grad_bytes, n, a, b) if mode == "ring"
+            comm = (stats.ring_allreduce_seconds(grad_bytes, n, a, b) if mode in RING_MODES
                     else stats.ps_exchange_seconds(grad_bytes, n, num_ps, a, b))
         else:
             comm = None
@@ -138,19 +142,28 @@ def build(summaries, compute, cfg, fit, grad_bytes):
             "environment": cfg.get("environment") or describe(threads_per_worker=cfg["threads"])}
 
 
+def compute_baseline(compute, mode, n):
+    """The compute-only run a row's exposed communication is measured against:
+    its own ring flavour's, and for PS rows the MPI ring's (else the Gloo one's)."""
+    for key in ((mode, n), ("ring", n), ("ring-gloo", n)):
+        if key in compute:
+            return compute[key]
+    return {}
+
+
 def gaps(rows):
     """Ring against sync PS at each N: measured and predicted step-time gap."""
     out = []
     by = {(r["mode"], r["workers"]): r for r in rows}
     for (mode, n), ring in sorted(by.items()):
         ps = by.get(("ps-sync", n))
-        if mode != "ring" or not ps:
+        if mode not in RING_MODES or not ps:
             continue
         measured = ps["step_time_ms"] - ring["step_time_ms"]
         predicted = (ps["predicted_step_time_ms"] - ring["predicted_step_time_ms"]
                      if ps["predicted_step_time_ms"] is not None and ring["predicted_step_time_ms"] is not None
                      else None)
-        out.append({"workers": n, "ring_step_ms": ring["step_time_ms"], "ps_sync_step_ms": ps["step_time_ms"],
+        out.append({"ring_mode": mode, "workers": n, "ring_step_ms": ring["step_time_ms"], "ps_sync_step_ms": ps["step_time_ms"],
                     "measured_gap_ms": measured, "predicted_gap_ms": predicted,
                     "gap_error_pct": 100 * abs(predicted - measured) / abs(measured)
                     if predicted is not None and measured else None,
@@ -200,9 +213,9 @@ def markdown(result):
     if result["gaps"]:
         text += "\nRing against sync PS (step-time gap = PS step - ring step):\n\n"
         text += tables.markdown(
-            [("n", "N"), ("ring", "ring img/s ÷ PS img/s"), ("measured", "measured gap ms"),
+            [("mode", "ring mode"), ("n", "N"), ("ring", "ring img/s ÷ PS img/s"), ("measured", "measured gap ms"),
              ("predicted", "α-β gap ms"), ("error", "gap error")],
-            [{"n": str(g["workers"]), "ring": tables.fmt(g["ring_over_ps_throughput"]),
+            [{"mode": g["ring_mode"], "n": str(g["workers"]), "ring": tables.fmt(g["ring_over_ps_throughput"]),
               "measured": tables.fmt(g["measured_gap_ms"]), "predicted": tables.fmt(g["predicted_gap_ms"]),
               "error": "n/a" if g["gap_error_pct"] is None else f"{g['gap_error_pct']:.0f}%"}
              for g in result["gaps"]])

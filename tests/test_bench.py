@@ -38,7 +38,7 @@ def recorded_result():
                  ("ps-sync", 2): summary("ps-sync", 2, 600, 0.106, 1),
                  ("ps-async", 1): summary("ps-async", 1, 850, 0.075, 1),
                  ("ps-async", 2): summary("ps-async", 2, 700, 0.091, 1)}
-    compute = {1: summary("ring", 1, 1010, 0.063), 2: summary("ring", 2, 990, 0.0645)}
+    compute = {("ring", 1): summary("ring", 1, 1010, 0.063), ("ring", 2): summary("ring", 2, 990, 0.0645)}
     return scaling.build(summaries, compute, CFG, FIT, 4_800_000)
 
 
