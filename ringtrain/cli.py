@@ -35,7 +35,9 @@ def parser():
                    help="Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD; default 128)")
     r.add_argument("--cycle-time-ms", type=float, metavar="MS",
                    help="Horovod background cycle (HOROVOD_CYCLE_TIME; default 1 ms)")
-    r.add_argument("--timeline", metavar="FILE", help="write a Horovod timeline (chrome://tracing)")
+    r.add_argument("--timeline", "--horovod-timeline", metavar="FILE",
+                   help="write a Horovod timeline (chrome://tracing); under horovodrun, which "
+                        "claims --timeline itself, spell it --horovod-timeline")
     r.add_argument("--no-allreduce", action="store_true",
                    help="measurement only: skip the gradient allreduce, so ranks diverge; "
                         "ringtrain-bench uses it to time compute alone")

@@ -67,3 +67,17 @@ def test_embedded_mnist_learns_on_two_ranks():
                                           *ONE_THREAD)))
     assert summary["test_samples"] == 1000
     assert summary["test_accuracy"] > 0.85
+
+
+def test_horovod_knobs_keep_ranks_identical_and_write_timeline_and_tensorboard(tmp_path):
+    dump, timeline, logs = str(tmp_path / "w-{rank}.npz"), tmp_path / "timeline.json", tmp_path / "tb"
+    summary = last_json(run_ok(horovodrun(
+        2, "--model", "mnist_mlp", "--steps", "8", "--log-every", "4", "--adasum",
+        "--fp16-allreduce", "--cycle-time-ms", "2", "--fusion-threshold-mb", "16",
+        "--horovod-timeline", str(timeline), "--log-dir", str(logs), "--dump-weights", dump,
+        *ONE_THREAD)))
+    assert summary["config"]["adasum"] and summary["config"]["fp16_allreduce"]
+    for a, b in zip(weights(dump, 0), weights(dump, 1)):
+        np.testing.assert_array_equal(a, b)
+    assert "ALLREDUCE" in timeline.read_text()
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(logs))
