@@ -49,19 +49,31 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 # --- 3. Horovod, built against the installed TF -------------------------------
+# Versions from package metadata: importing TF would cost seconds on every run.
 versions=$("$VENV/bin/python" - <<'EOF'
-import sys, tensorflow as tf
-print(tf.__version__, "%d.%d" % sys.version_info[:2])
+import sys
+from importlib import metadata
+for dist in ("tensorflow-cpu", "tensorflow"):
+    try:
+        print(metadata.version(dist), "%d.%d" % sys.version_info[:2])
+        break
+    except metadata.PackageNotFoundError:
+        pass
 EOF
 )
-read -r TF_VERSION PY_VERSION <<<"$versions"
+read -r TF_VERSION PY_VERSION <<<"$versions" || true
+[ -n "${TF_VERSION:-}" ] || { say "TensorFlow is not installed in $VENV: rm -rf $VENV and rerun"; exit 1; }
 MPI_VERSION=$(mpirun --version 2>/dev/null | head -n1 | grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' | head -n1)
 PATCH_HASH=$(cat patches/horovod-$HOROVOD_VERSION/*.patch | sha256sum | cut -c1-12)
 KEY="horovod-$HOROVOD_VERSION-tf$TF_VERSION-py$PY_VERSION-ompi$MPI_VERSION-$EXTRA-$PATCH_HASH"
 hvd_stamp="$VENV/.ringtrain-horovod"
 
-if [ "$(cat "$hvd_stamp" 2>/dev/null)" = "$KEY" ] && \
-   "$VENV/bin/python" -c "import horovod.tensorflow" 2>/dev/null; then
+horovod_tf_lib_present() {  # the built extension, found without importing TF
+    "$VENV/bin/python" -c "import glob, importlib.util, os, sys
+spec = importlib.util.find_spec('horovod')
+sys.exit(0 if spec and glob.glob(os.path.join(spec.submodule_search_locations[0], 'tensorflow', 'mpi_lib*.so')) else 1)"
+}
+if [ "$(cat "$hvd_stamp" 2>/dev/null)" = "$KEY" ] && horovod_tf_lib_present; then
     say "horovod up to date ($KEY)"
     exit 0
 fi
