@@ -42,6 +42,7 @@ def run(np_, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True,
         horovod_env=None, timeout=900, log=print, compare_cycle_ms=None):
     """Launch the workers, gather their rows, write allreduce.{json,md,png}."""
     os.makedirs(out_dir, exist_ok=True)
+    environment = describe(threads_per_worker=1)  # load average before we add to it
     shapes = gradient_shapes(model) if model else []
     grad_bytes = 4 * sum(int(__import__("numpy").prod(s)) for s in shapes)
     all_sizes = sorted(set(sizes + ([grad_bytes] if grad_bytes else [])))
@@ -80,8 +81,7 @@ def run(np_, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True,
                               "gradient_bytes": grad_bytes, "gradient_shapes": shapes,
                               "trials": trials, "warmup_ops_excluded": warmup, "gloo": gloo,
                               "horovod_env": knobs},
-                   "environment": dict(describe(threads_per_worker=1),
-                                       load_average_at_end=list(os.getloadavg()))})
+                   "environment": dict(environment, load_average_at_end=list(os.getloadavg()))})
     write(result, out_dir)
     return result
 

@@ -80,6 +80,7 @@ def load_alpha_beta(path):
 def run(cfg, out_dir, log=print):
     """Every (mode, N) run, then the table, CSV, JSON and plots."""
     os.makedirs(os.path.join(out_dir, "runs"), exist_ok=True)
+    cfg = dict(cfg, environment=describe(threads_per_worker=cfg["threads"]))  # load before our runs
     fit, grad_bytes = load_alpha_beta(cfg.get("alpha_beta_json"))
     if grad_bytes is None:
         from bench.allreduce import gradient_shapes
@@ -138,7 +139,7 @@ def build(summaries, compute, cfg, fit, grad_bytes):
         r["efficiency"] = r["speedup"] / r["workers"] if base else None
     rows.sort(key=lambda r: (cfg["modes"].index(r["mode"]) if r["mode"] in cfg["modes"] else 9, r["workers"]))
     return {"rows": rows, "gaps": gaps(rows), "alpha_beta": fit, "gradient_bytes": grad_bytes,
-            "config": {k: v for k, v in cfg.items() if k != "cores"},
+            "config": {k: v for k, v in cfg.items() if k not in ("cores", "environment")},
             "environment": cfg.get("environment") or describe(threads_per_worker=cfg["threads"])}
 
 
