@@ -38,6 +38,9 @@ def parser():
     r.add_argument("--timeline", "--horovod-timeline", metavar="FILE",
                    help="write a Horovod timeline (chrome://tracing); under horovodrun, which "
                         "claims --timeline itself, spell it --horovod-timeline")
+    r.add_argument("--mpi-busy-wait", action="store_true",
+                   help="let OpenMPI spin while waiting (its default); ringtrain otherwise sets "
+                        "OMPI_MCA_mpi_yield_when_idle=1, which is faster when ranks share cores")
     r.add_argument("--no-allreduce", action="store_true",
                    help="measurement only: skip the gradient allreduce, so ranks diverge; "
                         "ringtrain-bench uses it to time compute alone")
