@@ -78,7 +78,12 @@ def build_graph(tf, args, cluster_spec, num_workers, image_shape):
             g.worker_steps = [tf.compat.v1.get_variable(
                 f"worker_steps_{i}", [], tf.int64, tf.zeros_initializer(), trainable=False,
                 use_resource=True) for i in range(num_workers)]
-        g.count_my_step = g.worker_steps[args.task_index].assign_add(1)
+        # Counted right after the update, on the PS (no round trip through this
+        # worker in between): a worker killed mid-step redoes that batch after a
+        # restart instead of skipping it, and the update is counted exactly once.
+        my_steps = g.worker_steps[args.task_index]
+        with tf.control_dependencies([g.train_op]), tf.compat.v1.colocate_with(my_steps):
+            g.count_my_step = my_steps.assign_add(1)
 
         eval_logits = model(g.images, training=False)
         g.eval_correct = tf.reduce_sum(tf.cast(tf.equal(
