@@ -1,0 +1,179 @@
+"""Fault tolerance of PS training, as the seeds' "fault tolerance" section
+asks: a dead non-chief worker does not stop async training and can rejoin
+where it left off; sync with a backup worker survives a dead worker; a dead
+PS stops the workers with one clear line within seconds, and the restarted
+cluster resumes from the last checkpoint.
+
+Real TF gRPC servers on localhost, one process per task (the per-task CLI,
+not `launch`, which stops everything when one task fails), killed with
+SIGKILL by process group at a logged step."""
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from conftest import last_json
+from ps_cluster import TINY, Tasks, hosts, task_args
+from test_ps_training import checkpoint_step
+
+PS_ONE_THREAD = ["--threads", "1"]
+WATCHDOG_SEC = 15  # the watchdog needs 2 misses 2 s apart (~3-4 s seen); slack for a loaded machine
+
+
+def kill(tasks, name):
+    """SIGKILL the task's process group and reap it."""
+    os.killpg(tasks.procs[name].pid, signal.SIGKILL)
+    assert tasks.wait(name, 10) == -signal.SIGKILL
+
+
+def logged_steps(log):
+    """The local steps a worker logged (`... step N/TOTAL ...`)."""
+    return [int(n) for n in re.findall(r"\bstep (\d+)/\d+", log)]
+
+
+def logged_global_steps(log):
+    """The global steps a worker logged (`... global step G loss ...`)."""
+    return [int(n) for n in re.findall(r"global step (\d+) loss", log)]
+
+
+def start_cluster(tasks, ps, workers, worker_argv, suffix=""):
+    """One PS and every worker at once (TF's import takes seconds on a loaded
+    machine). The chief trains alone for a second or two before the others
+    have their sessions, so tests use step counts in the hundreds (~50/s)."""
+    tasks.start(f"ps0{suffix}", task_args(ps, workers, "ps", 0, *PS_ONE_THREAD))
+    for i in range(len(workers.split(","))):
+        tasks.start(f"worker{i}{suffix}", worker_argv(i))
+
+
+def resumed_at(log):
+    """(my step, global step) from the `resuming at ...` line."""
+    m = re.search(r"resuming at my step (\d+), global step (\d+)", log)
+    assert m, f"no resume line:\n{log[-3000:]}"
+    return int(m.group(1)), int(m.group(2))
+
+
+@pytest.mark.timeout(120)
+def test_async_goes_on_without_a_dead_worker_which_rejoins_where_it_left_off(tmp_path):
+    steps = 200
+    ps, workers = hosts(1), hosts(3)
+    worker = lambda i: task_args(ps, workers, "worker", i, *TINY, "--steps", str(steps))
+    with Tasks(str(tmp_path)) as tasks:
+        start_cluster(tasks, ps, workers, worker)
+        tasks.wait_for_text("worker1", f"step 5/{steps} ", timeout=60)
+        kill(tasks, "worker1")
+        last_logged = max(logged_steps(tasks.log("worker1")))
+        assert last_logged < steps
+        assert max(logged_steps(tasks.log("worker0")), default=0) < steps  # mid-run
+
+        # The chief and worker 2 finish their steps without worker 1.
+        assert tasks.wait("worker2", 60) == 0, tasks.log("worker2")
+        assert f"worker 2: done after {steps} steps" in tasks.log("worker2")
+        tasks.wait_for_text("worker0", f"step {steps}/{steps} ", timeout=60)
+        assert tasks.procs["worker0"].poll() is None  # waiting for worker 1's report
+
+        # Worker 1 restarts, picks up its step count from the PS, and finishes.
+        tasks.start("worker1_again", worker(1))
+        assert tasks.wait("worker1_again", 60) == 0, tasks.log("worker1_again")
+        log = tasks.log("worker1_again")
+        my_step, global_step = resumed_at(log)
+        assert last_logged <= my_step < steps
+        assert global_step == 2 * steps + my_step  # the others' work, and its own up to the kill
+        assert min(logged_steps(log)) > my_step  # its count goes on from there, not from 0
+        assert f"worker 1: done after {steps} steps" in log
+
+        assert tasks.wait("worker0", 30) == 0, tasks.log("worker0")
+        summary = last_json(tasks.log("worker0"))
+        assert summary["mode"] == "ps-async"
+        assert summary["reporting_workers"] == [0, 1, 2]
+        # Every worker's steps, the killed one's cut-off step neither lost nor counted twice.
+        assert summary["steps"] == 3 * steps
+        assert tasks.wait("ps0", 30) == 0
+
+
+@pytest.mark.timeout(120)
+def test_sync_with_a_backup_worker_completes_without_a_dead_worker(tmp_path):
+    steps = 100
+    ps, workers = hosts(1), hosts(3)
+    sync = [*TINY, "--sync", "--replicas-to-aggregate", "2", "--steps", str(steps)]
+    with Tasks(str(tmp_path)) as tasks:
+        start_cluster(tasks, ps, workers, lambda i: task_args(
+            ps, workers, "worker", i, *sync, *(["--report-timeout", "5"] if i == 0 else [])))
+        tasks.wait_for_text("worker2", f"step 5/{steps} ", timeout=60)
+        kill(tasks, "worker2")
+        assert max(logged_global_steps(tasks.log("worker0")), default=0) < steps  # mid-run
+
+        # Two gradients per update: the chief and worker 1 carry on alone.
+        assert tasks.wait("worker1", 60) == 0, tasks.log("worker1")
+        assert tasks.wait("worker0", 60) == 0, tasks.log("worker0")
+        log = tasks.log("worker0")
+        assert "no report from worker(s) [2]" in log
+        summary = last_json(log)
+        assert summary["mode"] == "ps-sync"
+        assert summary["steps"] == steps  # sync: global updates
+        assert summary["reporting_workers"] == [0, 1]
+        assert tasks.wait("ps0", 30) == 0
+
+
+@pytest.mark.timeout(150)
+def test_dead_ps_stops_workers_with_one_line_and_the_cluster_resumes_from_its_checkpoint(tmp_path):
+    steps = 200
+    ckpt = str(tmp_path / "ckpt")
+    ps, workers = hosts(1), hosts(2)
+    worker = lambda i: task_args(ps, workers, "worker", i, *TINY, "--steps", str(steps),
+                                 "--checkpoint-every", "40", "--checkpoint-dir", ckpt)
+    with Tasks(str(tmp_path)) as tasks:
+        start_cluster(tasks, ps, workers, worker)
+        tasks.wait_for_text("worker1", "step 10/", timeout=60)
+        worker1_in = max(logged_global_steps(tasks.log("worker1")))
+        deadline = time.monotonic() + 30
+        while not os.path.exists(os.path.join(ckpt, "checkpoint")) or checkpoint_step(ckpt) <= worker1_in:
+            # a checkpoint with some of worker 1's steps in it too (the chief starts first)
+            assert time.monotonic() < deadline, tasks.log("worker0")
+            time.sleep(0.2)
+        kill(tasks, "ps0")
+        killed = time.monotonic()
+
+        # Both workers notice within seconds and say so in one line: exit 3, no hang.
+        for name in ("worker0", "worker1"):
+            assert tasks.wait(name, WATCHDOG_SEC + 15) == 3, tasks.log(name)
+            elapsed = time.monotonic() - killed
+            print(f"{name} exited 3 {elapsed:.1f}s after the PS was killed")
+            assert elapsed < WATCHDOG_SEC, f"{name} took {elapsed:.1f}s"
+            log = tasks.log(name)
+            errors = [line for line in log.splitlines() if line.startswith("ps-baseline: error:")]
+            assert len(errors) == 1, log[-3000:]
+            assert errors[0] == (f"ps-baseline: error: ps task 0 at {ps} stopped answering; training "
+                                 "cannot go on. Restart the cluster (same --checkpoint-dir) to resume "
+                                 "from the last checkpoint."), errors[0]
+            assert log.rstrip().endswith(errors[0])
+            assert max(logged_steps(log)) < steps
+        # What the last checkpoint holds (async: the other worker trains on while
+        # the chief saves, so its global step may be past the file name's).
+        import tensorflow as tf
+        latest = tf.train.latest_checkpoint(ckpt)
+        saved = tf.train.load_checkpoint(latest)
+        saved_global, saved_worker_steps = (int(saved.get_tensor("global_step")), [
+            int(saved.get_tensor(f"ps_baseline/worker_steps_{i}")) for i in range(2)])
+        assert saved_global >= checkpoint_step(ckpt) > worker1_in
+
+        # The same commands again: restored from the checkpoint, and finished.
+        start_cluster(tasks, ps, workers, worker, "_again")
+        for name in ("worker1_again", "worker0_again"):
+            assert tasks.wait(name, 90) == 0, tasks.log(name)
+        chief_log = tasks.log("worker0_again")
+        assert f"worker 0: restoring {latest};" in chief_log
+        chief_step, chief_saw = resumed_at(chief_log)
+        worker_step, worker_saw = resumed_at(tasks.log("worker1_again"))
+        assert [chief_step, worker_step] == saved_worker_steps
+        # The first to read the global step did so before anyone trained again.
+        assert min(chief_saw, worker_saw) == saved_global
+        assert 0 < chief_step < steps and 0 < worker_step < steps
+        summary = last_json(chief_log)
+        assert summary["reporting_workers"] == [0, 1]
+        assert summary["checkpoint"].startswith(os.path.join(ckpt, "model.ckpt-"))
+        # async: the checkpoint's updates, plus what each worker still had to do
+        assert summary["steps"] == saved_global + (steps - chief_step) + (steps - worker_step)
+        assert checkpoint_step(ckpt) == summary["steps"]
+        assert tasks.wait("ps0_again", 30) == 0
