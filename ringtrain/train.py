@@ -80,7 +80,8 @@ def train(args, dataset):
     timer, losses, wall_start = StepTimer(), LossWindow(), time.perf_counter()
     while step < total_steps:
         for images, labels, weights, count in pipeline.train_batches(
-                dataset, hvd.rank(), hvd.size(), args.batch_size, args.seed, epoch, done_in_epoch):
+                dataset, hvd.rank(), hvd.size(), args.batch_size, args.seed, epoch, done_in_epoch,
+                args.threads):
             optimizer.learning_rate.assign(lr_at(step))
             loss_sum, samples = train_step(images, labels, weights, count)
             step, done_in_epoch = step + 1, done_in_epoch + 1
@@ -108,7 +109,7 @@ def train(args, dataset):
 
     # Horovod: a true global accuracy sums correct and total counts over ranks.
     totals = np.zeros(3)
-    for images, labels in pipeline.eval_batches(dataset, hvd.rank(), hvd.size(), 256):
+    for images, labels in pipeline.eval_batches(dataset, hvd.rank(), hvd.size(), 256, args.threads):
         correct, loss_sum = eval_step(images, labels)
         totals += [float(correct), float(loss_sum), len(labels)]
     correct, test_loss_sum, seen = hvd.allreduce(tf.constant(totals), op=hvd.Sum).numpy()
