@@ -62,13 +62,21 @@ def last_json(text):
     """The final JSON summary: the last stdout line that parses as an object
     (launchers may prefix it with a rank tag such as `[1,0]<stdout>:`)."""
     for line in reversed(text.splitlines()):
-        start = line.find("{")
-        if start >= 0:
-            try:
-                return json.loads(line[start:])
-            except json.JSONDecodeError:
-                continue
+        found = json_in(line)
+        if found is not None:
+            return found
     raise AssertionError(f"no JSON summary in output:\n{text[-3000:]}")
+
+
+def json_in(line):
+    """The JSON object in a line, ignoring a launcher's tags before or after it."""
+    start = line.find("{")
+    if start < 0:
+        return None
+    try:
+        return json.JSONDecoder().raw_decode(line[start:])[0]
+    except json.JSONDecodeError:
+        return None
 
 
 def horovodrun(np_, *args, gloo=False):

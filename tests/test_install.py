@@ -1,11 +1,10 @@
 """The install: doctor's verdict, and Horovod's TF API on Keras 3 variables."""
-import json
 import os
 
 import numpy as np
 import pytest
 
-from conftest import BIN, REPO, run_ok
+from conftest import BIN, REPO, json_in, run_ok
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -23,7 +22,7 @@ def test_horovod_trains_keras3_models_with_identical_weights_on_both_ranks(gloo)
     cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", *(["--gloo"] if gloo else []),
            os.path.join(BIN, "python"), os.path.join(REPO, "tests", "scripts", "keras3_horovod.py")]
     out = run_ok(cmd)
-    ranks = [json.loads(l[l.index("{"):]) for l in out.splitlines() if '"rank"' in l]
+    ranks = [json_in(line) for line in out.splitlines() if '"rank"' in line]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     # Broadcast, DistributedGradientTape, PartialDistributedGradientTape and
     # SyncBatchNormalization (global moments) all keep the ranks in lockstep.
