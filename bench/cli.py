@@ -4,6 +4,7 @@ import os
 import sys
 import time
 
+from workloads.catalog import MODEL_SPECS
 from workloads.errors import UsageError, run_cli
 from workloads.flags import OneLineParser, positive_int
 
@@ -76,6 +77,15 @@ def add_scaling_flags(p, modes_default, np_default):
                    help="allreduce.json to fit the α-β model from (default: OUT/allreduce.json if present)")
 
 
+def add_run_flags(p, np_type, np_default, np_help, timeout, model_help="default %(default)s"):
+    """The flags every subcommand has: rank counts, model, output folder, time limit."""
+    p.add_argument("--np", type=np_type, default=np_default, help=np_help)
+    p.add_argument("--model", default="mnist_cnn", choices=sorted(MODEL_SPECS), help=model_help)
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--timeout", type=float, default=timeout,
+                   help=f"seconds per launch (default {timeout:g})")
+
+
 def parser():
     p = OneLineParser(prog="ringtrain-bench", epilog=EXAMPLES,
                       formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -85,24 +95,16 @@ def parser():
     common = dict(formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
     a = sub.add_parser("allreduce", help="algbw/busbw of Horovod (MPI, Gloo), MPI_Allreduce, the reference ring",
                        **common)
-    a.add_argument("--np", type=positive_int, default=2, help="ranks (default 2)")
-    a.add_argument("--model", default="mnist_cnn", help="whose gradient size to add (default %(default)s)")
-    a.add_argument("--out", required=True, metavar="DIR")
-    a.add_argument("--timeout", type=float, default=900, help="seconds per launch (default 900)")
+    add_run_flags(a, positive_int, 2, "ranks (default 2)", timeout=900,
+                  model_help="whose gradient size to add (default %(default)s)")
     add_allreduce_flags(a)
     add_horovod_flags(a)
     s = sub.add_parser("scaling", help="ring vs PS throughput, efficiency and step-time split", **common)
-    s.add_argument("--np", type=int_list, default=[1, 2], help="worker counts, e.g. 1,2,4 (default 1,2)")
-    s.add_argument("--model", default="mnist_cnn", help="default %(default)s")
-    s.add_argument("--out", required=True, metavar="DIR")
-    s.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
+    add_run_flags(s, int_list, [1, 2], "worker counts, e.g. 1,2,4 (default 1,2)", timeout=600)
     add_scaling_flags(s, "ring,ps-sync,ps-async", "1,2")
     add_horovod_flags(s)
     r = sub.add_parser("report", help="allreduce bench, then scaling bench (what `make bench` runs)", **common)
-    r.add_argument("--np", type=int_list, default=[1, 2], help="scaling worker counts (default 1,2)")
-    r.add_argument("--model", default="mnist_cnn", help="default %(default)s")
-    r.add_argument("--out", required=True, metavar="DIR")
-    r.add_argument("--timeout", type=float, default=900, help="seconds per launch (default 900)")
+    add_run_flags(r, int_list, [1, 2], "scaling worker counts (default 1,2)", timeout=900)
     add_allreduce_flags(r)
     add_scaling_flags(r, "ring,ring-gloo,ps-sync,ps-async", "1,2")
     add_horovod_flags(r)
