@@ -8,6 +8,7 @@ MonitoredTrainingSession makes worker 0 the chief: it initialises or restores
 the variables, writes checkpoints and summaries; the others wait for it.
 Lines that distribution adds are marked `# PS:`.
 """
+import functools
 import threading
 import time
 from types import SimpleNamespace
@@ -181,10 +182,12 @@ def train(args, cluster, dataset):
             # Sync: the cluster's update count decides; async: each worker does its share.
             return global_step >= total_steps if args.sync else local_step >= total_steps
 
+        shard_of_epoch = functools.lru_cache(maxsize=1)(
+            lambda epoch: epoch_shard(len(dataset.train_labels), task, num_workers,
+                                      args.batch_size, args.seed, epoch))
         while not finished() and not session.should_stop():
             epoch, batch = divmod(local_step, per_epoch)
-            shard = epoch_shard(len(dataset.train_labels), task, num_workers, args.batch_size,
-                                args.seed, epoch)
+            shard = shard_of_epoch(epoch)  # one permutation per epoch, not per step
             rows = slice(batch * args.batch_size, (batch + 1) * args.batch_size)
             idx = shard.indices[rows]
             feed = {g.images: as_float(dataset.train_images[idx]), g.labels: dataset.train_labels[idx],
