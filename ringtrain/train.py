@@ -103,7 +103,6 @@ def train(args, dataset):
                 break
         if done_in_epoch >= per_epoch:
             epoch, done_in_epoch = epoch + 1, 0
-    timer.stop()
     wall_seconds = time.perf_counter() - wall_start
     train_loss = losses.global_mean(hvd)
 

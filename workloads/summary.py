@@ -48,14 +48,11 @@ class StepTimer:
         self.windows.append(self._window_samples / elapsed if elapsed > 0 else 0.0)
         self._start_window(now)
 
-    def stop(self):
-        """End timing (call right after the last step): a partial window counts too."""
+    def report(self):
+        """This worker's timed totals. A trailing partial window counts too,
+        closed at the end of the last step, whenever report() is called."""
         if self._window_start is not None and self._window_steps:
             self._close_window(self._last_step_end)
-        self._window_start = None
-
-    def report(self):
-        """This worker's timed totals."""
         timed_steps = self.steps - max(self.warmup_steps, 0)
         return {"samples": self.samples, "seconds": self.seconds, "windows": self.windows,
                 "step_time_sec": self.seconds / timed_steps if timed_steps > 0 else 0.0}
