@@ -12,6 +12,7 @@ import time
 from ps_baseline import reports, servers
 from ps_baseline.cluster import wait_until_listening
 from workloads import models, pipeline
+from workloads.optimizers import keras_optimizer
 from workloads.sharding import steps_per_epoch
 from workloads.summary import StepTimer, emit
 from workloads.tfenv import import_tensorflow_quietly
@@ -34,15 +35,6 @@ def serve(tf, cluster, job_name, task_index, threads, log):
     while joiner.is_alive():
         joiner.join(0.5)
     return 0
-
-
-def make_optimizer(name, lr):
-    import keras
-    if name == "sgd":
-        return keras.optimizers.SGD(lr)
-    if name == "momentum":
-        return keras.optimizers.SGD(lr, momentum=0.9)
-    return keras.optimizers.Adam(lr)
 
 
 def train(args, cluster, dataset):
@@ -70,7 +62,7 @@ def train(args, cluster, dataset):
     total_updates = total_steps * num_workers  # as v1 async: every worker's batch is one update
     with strategy.scope():
         model = models.build(args.model, args.seed, dropout=not args.no_dropout)
-        optimizer = make_optimizer(args.optimizer, args.lr)
+        optimizer = keras_optimizer(args.optimizer, args.lr)
         optimizer.build(model.trainable_variables)
         # Keras 3's optimizer.iterations loses increments under async PS: count ourselves.
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")

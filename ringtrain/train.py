@@ -10,6 +10,7 @@ import numpy as np
 
 from ringtrain import checkpoints, knobs
 from workloads import models, pipeline
+from workloads.optimizers import keras_optimizer
 from workloads.sharding import steps_per_epoch
 from workloads.summary import StepTimer, emit, measured_throughput
 from workloads.tfenv import set_threads
@@ -18,7 +19,6 @@ from workloads.tfenv import set_threads
 def train(args, dataset):
     knobs.apply_before_init(args)  # fusion buffer, cycle time, timeline: read by hvd.init
     import horovod.tensorflow as hvd
-    import keras
     import tensorflow as tf
 
     # Horovod: initialise; rank, size and local rank come from whoever launched us.
@@ -34,7 +34,7 @@ def train(args, dataset):
         tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
 
     model = models.build(args.model, seed=args.seed, dropout=not args.no_dropout)
-    optimizer = make_optimizer(args.optimizer, args.lr, keras)
+    optimizer = keras_optimizer(args.optimizer, args.lr)
     optimizer.build(model.trainable_variables)
     per_epoch = steps_per_epoch(len(dataset.train_labels), hvd.size(), args.batch_size)
     lr_at = knobs.learning_rate_schedule(args, hvd.size(), per_epoch)
@@ -142,14 +142,6 @@ def say(line):
     # One write per line: launchers that prefix ranks' output split partial writes.
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
-
-
-def make_optimizer(name, lr, keras):
-    if name == "sgd":
-        return keras.optimizers.SGD(lr)
-    if name == "momentum":
-        return keras.optimizers.SGD(lr, momentum=0.9)
-    return keras.optimizers.Adam(lr)
 
 
 class LossWindow:
