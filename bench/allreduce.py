@@ -4,10 +4,13 @@ implementations, against a measured memory-copy bound.
 Implementations (rows):
   mpi4py               raw MPI_Allreduce on numpy buffers (OpenMPI's own algorithm)
   ring                 bench.ring_reference: numpy + mpi4py scatter-reduce then allgather
-  horovod-mpi          hvd.allreduce inside a tf.function (graph mode, as training runs it), MPI controller
+  horovod-mpi          hvd.allreduce in graph mode, as training runs it: k of them chained in a
+                       tf.while_loop inside one tf.function call; MPI controller
   horovod-mpi-eager    the same call made eagerly
   horovod-mpi-grads    the model's gradient tensors, one allreduce each, fused by Horovod
   horovod-gloo*        the same three under horovodrun --gloo
+  grpc-ps              not an allreduce: one push of S bytes to a PS variable and one pull
+                       back, over TF's gRPC (bench.grpc_exchange); the PS rows' alpha-beta fit
   memcpy               np.copyto on every rank at once: the bound (see COLUMNS.md)
 """
 import json
@@ -19,8 +22,10 @@ from bench.environment import describe, usable_cores
 
 IMPL_ORDER = ["mpi4py", "ring", "horovod-mpi", "horovod-mpi-eager", "horovod-mpi-grads",
               "horovod-mpi-cycle0.1ms", "horovod-mpi-cycle0.1ms-eager", "horovod-mpi-cycle0.1ms-grads",
-              "horovod-gloo", "horovod-gloo-eager", "horovod-gloo-grads", "memcpy"]
-FIT_IMPL = "horovod-mpi"  # the alpha-beta model: Horovod as training calls it
+              "horovod-gloo", "horovod-gloo-eager", "horovod-gloo-grads", "grpc-ps", "memcpy"]
+FIT_IMPL = "horovod-mpi"  # the ring rows' alpha-beta model: Horovod as training calls it
+PS_FIT_IMPL = "grpc-ps"   # the PS rows' alpha-beta model: TF's gRPC push and pull
+GRPC_MAX_BYTES = 64 << 20  # gRPC moves ~1 GB/s here: larger sizes only cost minutes
 COLUMNS = [("impl", "impl"), ("size", "size"), ("count", "count"), ("type", "type"),
            ("time_us", "time (us)"), ("algbw", "algbw (GB/s)"), ("busbw", "busbw (GB/s)"),
            ("pct_bound", "busbw % memcpy"), ("pct_mpi", "busbw % MPI"), ("knobs", "knobs")]
@@ -50,9 +55,10 @@ def run(np_, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True,
     common = ["--sizes", ",".join(map(str, all_sizes)), "--trials", str(trials),
               "--warmup", str(warmup), "--grad-shapes", json.dumps(shapes)]
     python = [launch.sys.executable, "-m", "bench.allreduce_worker"]
-    launches = [("mpi", launch.mpirun(np_, python + ["--impls", "mpi4py,ring,memcpy,horovod",
-                                                     "--horovod-label", "mpi"] + common,
-                                      usable_cores(), env_names=sorted(knobs)))]
+    launches = [("mpi", launch.mpirun(np_, python + ["--impls", "mpi4py,ring,memcpy"] + common,
+                                      usable_cores())),
+                ("horovod-mpi", launch.mpirun(np_, python + ["--impls", "horovod", "--horovod-label", "mpi"]
+                                              + common, usable_cores(), env_names=sorted(knobs)))]
     if compare_cycle_ms is not None:
         # Horovod's background thread wakes every cycle: at 1 ms that is a floor under
         # every allreduce; this launch shows what a shorter cycle buys.
@@ -64,6 +70,10 @@ def run(np_, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True,
         launches.append(("gloo", launch.horovodrun(np_, python + ["--impls", "horovod",
                                                                   "--horovod-label", "gloo"] + common,
                                                    gloo=True)))
+    grpc_sizes = [s for s in all_sizes if s <= GRPC_MAX_BYTES]
+    launches.append(("grpc", [launch.sys.executable, "-m", "bench.grpc_exchange",
+                              "--sizes", ",".join(map(str, grpc_sizes)),
+                              "--trials", str(trials), "--warmup", str(warmup)]))
     rows = []
     for name, cmd in launches:
         part = os.path.join(out_dir, f"allreduce-{name}.rank0.json")
@@ -98,7 +108,8 @@ def summarise(rows, ranks, knobs, compare_cycle_ms=None):
     for r in rows:
         t = statistics.median(r["trial_seconds"])
         algbw = r["bytes"] / t
-        busbw = algbw * busbw_factor(ranks) if r["impl"] != "memcpy" else algbw
+        # memcpy: the copy rate; grpc-ps: S bytes in and S out of the PS per step
+        busbw = {"memcpy": algbw, "grpc-ps": 2 * algbw}.get(r["impl"], algbw * busbw_factor(ranks))
         out.append({**r, "seconds": t, "time_us": t * 1e6, "algbw_gbs": algbw / 1e9,
                     "busbw_gbs": busbw / 1e9, "memcpy_gbs": memcpy.get(r["bytes"], float("nan")) / 1e9,
                     "knobs": "" if not r["impl"].startswith("horovod") else
@@ -107,15 +118,17 @@ def summarise(rows, ranks, knobs, compare_cycle_ms=None):
     mpi = {r["bytes"]: r["busbw_gbs"] for r in out if r["impl"] == "mpi4py"}
     for r in out:
         r["pct_of_memcpy_bound"] = 100 * r["busbw_gbs"] / r["memcpy_gbs"] if r["impl"] != "memcpy" else None
-        r["pct_of_mpi_busbw"] = 100 * r["busbw_gbs"] / mpi[r["bytes"]] if r["bytes"] in mpi and r["impl"] != "memcpy" else None
+        r["pct_of_mpi_busbw"] = 100 * r["busbw_gbs"] / mpi[r["bytes"]] \
+            if r["bytes"] in mpi and r["impl"] not in ("memcpy", "grpc-ps") else None
     out.sort(key=lambda r: (IMPL_ORDER.index(r["impl"]) if r["impl"] in IMPL_ORDER else 99, r["bytes"]))
     fits = {}
     for impl in sorted({r["impl"] for r in out} - {"memcpy"}):
         pts = [(r["bytes"], r["seconds"]) for r in out if r["impl"] == impl and not impl.endswith("-grads")]
-        fit = stats.fit_alpha_beta(pts, ranks)
+        fit = stats.fit_alpha_beta(pts, ranks, model="ps" if impl == PS_FIT_IMPL else "ring")
         if fit:
             fits[impl] = fit
     return {"rows": out, "alpha_beta": fits, "alpha_beta_used_for_predictions": FIT_IMPL,
+            "alpha_beta_used_for_ps_predictions": PS_FIT_IMPL,
             "busbw_factor": busbw_factor(ranks)}
 
 

@@ -1,6 +1,7 @@
 """One rank of `ringtrain-bench allreduce`, started by mpirun or horovodrun.
 
-    mpirun -np 2 python -m bench.allreduce_worker --impls mpi4py,ring,memcpy,horovod --sizes 4K..256M --out rank.json
+    mpirun -np 2 python -m bench.allreduce_worker --impls mpi4py,ring,memcpy --sizes 4096,1048576 --out rank.json
+    mpirun -np 2 python -m bench.allreduce_worker --impls horovod --sizes 4096,1048576 --out rank.json
     horovodrun --gloo -np 2 -H localhost:2 python -m bench.allreduce_worker --impls horovod ...
 
 Every timed number is the slowest rank's mean time per operation over a trial
@@ -24,27 +25,25 @@ def iterations(nbytes):
     return int(min(MAX_ITERS, max(MIN_ITERS, TRIAL_BYTES // max(nbytes, 1))))
 
 
-def time_trials(run, nbytes, trials, warmup, barrier, slowest):
-    """Per-op seconds of each trial, max over ranks; warm-up ops excluded."""
-    return time_interleaved({"x": run}, nbytes, trials, warmup, barrier, slowest)["x"]
-
-
 def time_interleaved(runs, nbytes, trials, warmup, barrier, slowest):
-    """Trials of several implementations taken in turn (a, b, c, a, b, c, ...),
-    so that a burst of load from elsewhere hits them alike."""
+    """Per-op seconds of each trial, max over ranks, for several implementations
+    taken in turn (a, b, c, a, b, c, ...), so that a burst of load from elsewhere
+    hits them alike. Each run(k) performs k back-to-back operations."""
     iters = iterations(nbytes)
     for run in runs.values():
-        for _ in range(warmup):
-            run()
+        run(warmup)
     out = {name: [] for name in runs}
     for _ in range(trials):
         for name, run in runs.items():
             barrier()
             start = time.perf_counter()
-            for _ in range(iters):
-                run()
+            run(iters)
             out[name].append(slowest((time.perf_counter() - start) / iters))
     return out
+
+
+def repeat(op):
+    return lambda k: [op() for _ in range(k)]
 
 
 def row(impl, nbytes, seconds, world, iters, note=""):
@@ -52,74 +51,109 @@ def row(impl, nbytes, seconds, world, iters, note=""):
             "world_size": world, "iters": iters, "trial_seconds": seconds, "note": note}
 
 
-def mpi_rows(impls, sizes, trials, warmup):
+def mpi_runs(comm, nbytes):
+    """Raw MPI_Allreduce, the reference ring and the memory-copy bound, on
+    buffers allocated once, as a training loop's gradient buffers are."""
     from mpi4py import MPI
     from bench.ring_reference import ring_allreduce
-    comm = MPI.COMM_WORLD
-    world = comm.Get_size()
-    slowest = lambda t: comm.allreduce(t, op=MPI.MAX)
-    rows = []
-    for nbytes in sizes:
-        send = np.ones(nbytes // 4, np.float32)
-        recv = np.empty_like(send)
-        runs = {
-            "mpi4py": lambda: comm.Allreduce(send, recv, op=MPI.SUM),
-            "ring": lambda: ring_allreduce(comm, send),
-            # every rank copies at once: the memory system is shared, as it is in an allreduce
-            "memcpy": lambda: np.copyto(recv, send),
-        }
-        chosen = {impl: runs[impl] for impl in impls if impl in runs}
-        timed = time_interleaved(chosen, nbytes, trials, warmup, comm.Barrier, slowest)
-        rows += [row(impl, nbytes, timed[impl], world, iterations(nbytes)) for impl in chosen]
-    return rows
+    send = np.ones(nbytes // 4, np.float32)
+    recv = np.empty_like(send)
+    return {
+        "mpi4py": repeat(lambda: comm.Allreduce(send, recv, op=MPI.SUM)),
+        "ring": repeat(lambda: ring_allreduce(comm, send, out=recv)),
+        # every rank copies at once: the memory system is shared, as it is in an allreduce
+        "memcpy": repeat(lambda: np.copyto(recv, send)),
+    }
 
 
-def horovod_rows(sizes, trials, warmup, grad_shapes, label):
-    """Horovod as training uses it: inside a tf.function (graph mode), and
-    eagerly for comparison; plus the model's own gradient list, one
-    allreduce per tensor, fused by Horovod's fusion buffer."""
-    from workloads.tfenv import import_tensorflow_quietly
-    tf = import_tensorflow_quietly()
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    import horovod.tensorflow as hvd
-    hvd.init()
-    world = hvd.size()
-    flag = tf.constant([0.0])
+class HorovodRuns:
+    """hvd.allreduce as training calls it: in graph mode, k operations chained
+    in one tf.function (so TF's per-call dispatch is not charged to the
+    allreduce, as it is paid once per training step whatever the step does);
+    and eagerly, one Python call per operation, for comparison."""
 
-    def slowest(t):
-        return float(hvd.allreduce(tf.constant([t], tf.float64), op=hvd.Max, name="bench.slowest").numpy()[0])
-
-    def barrier():
-        hvd.allreduce(flag, op=hvd.Sum, name="bench.barrier")
-
-    rows = []
-    for nbytes in sizes:
-        x = tf.ones([nbytes // 4], tf.float32)
-        graph_allreduce = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum, name="bench.graph"))
-        eager = lambda: hvd.allreduce(x, op=hvd.Sum, name="bench.eager")
-        runs = {f"horovod-{label}": lambda: graph_allreduce(x).numpy(),
-                f"horovod-{label}-eager": lambda: eager().numpy()}
-        timed = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest)
-        rows += [row(impl, nbytes, timed[impl], world, iterations(nbytes)) for impl in runs]
-    if grad_shapes:
-        grads = [tf.ones(s, tf.float32) for s in grad_shapes]
-        nbytes = 4 * sum(int(np.prod(s)) for s in grad_shapes)
+    def __init__(self, label):
+        from workloads.tfenv import import_tensorflow_quietly
+        tf = self.tf = import_tensorflow_quietly()
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        import horovod.tensorflow as hvd
+        from ringtrain.knobs import yield_when_idle
+        yield_when_idle()  # the MPI setting ringtrain trains with
+        self.hvd, self.label = hvd, label
+        hvd.init()
 
         @tf.function
-        def allreduce_gradients(tensors):
-            return [hvd.allreduce(g, op=hvd.Average, name=f"bench.grad{i}") for i, g in enumerate(tensors)]
+        def chained(x, k):
+            # each allreduce starts when the previous one ends, as in back-to-back steps;
+            # the buffer is zeros, which stay zeros under Sum
+            body = lambda i, v: (i + 1, hvd.allreduce(v, op=hvd.Sum, name="bench.graph"))
+            return tf.while_loop(lambda i, v: i < k, body, (tf.constant(0), x))[1][:1]
 
-        run = lambda: [g.numpy() for g in allreduce_gradients(grads)][0]
-        t = time_trials(run, nbytes, trials, warmup, barrier, slowest)
-        rows.append(row(f"horovod-{label}-grads", nbytes, t, world, iterations(nbytes),
-                        note=f"{len(grad_shapes)} gradient tensors of the model, fused"))
-    return rows, world, hvd.rank()
+        @tf.function
+        def chained_grads(tensors, k):
+            def body(i, *grads):
+                return (i + 1,) + tuple(hvd.allreduce(g, op=hvd.Average, name=f"bench.grad{j}")
+                                        for j, g in enumerate(grads))
+            out = tf.while_loop(lambda i, *grads: i < k, body, (tf.constant(0),) + tuple(tensors))
+            return tf.stack([tf.reshape(g, [-1])[0] for g in out[1:]])
+
+        self.chained, self.chained_grads = chained, chained_grads
+
+    def runs(self, nbytes):
+        tf, hvd = self.tf, self.hvd
+        x = tf.zeros([nbytes // 4], tf.float32)
+        eager = lambda: hvd.allreduce(x, op=hvd.Sum, name="bench.eager")  # returns when done
+        return {f"horovod-{self.label}": lambda k: self.chained(x, tf.constant(k)).numpy(),
+                f"horovod-{self.label}-eager": repeat(eager)}
+
+    def grads_run(self, shapes):
+        grads = [self.tf.ones(s, self.tf.float32) for s in shapes]
+        return {f"horovod-{self.label}-grads":
+                lambda k: self.chained_grads(grads, self.tf.constant(k)).numpy()}
+
+    def barrier(self):
+        self.hvd.allreduce(self.tf.constant([0.0]), op=self.hvd.Sum, name="bench.barrier")
+
+    def slowest(self, t):
+        return float(self.hvd.allreduce(self.tf.constant([t], self.tf.float64), op=self.hvd.Max,
+                                        name="bench.slowest").numpy()[0])
+
+
+def measure(impls, sizes, trials, warmup, grad_shapes, label):
+    """Rows for the requested implementations. Raw MPI rows and Horovod rows
+    come from separate launches: Horovod's background thread runs a collective
+    every cycle, which would slow MPI calls made beside it in the same process.
+    Within a launch, all implementations of a size are timed in interleaved trials."""
+    if "horovod" in impls:
+        horovod = HorovodRuns(label)
+        barrier, slowest = horovod.barrier, horovod.slowest
+        world, rank = horovod.hvd.size(), horovod.hvd.rank()
+        runs_at = horovod.runs
+    else:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        barrier, slowest = comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX)
+        world, rank = comm.Get_size(), comm.Get_rank()
+        runs_at = lambda nbytes: {k: v for k, v in mpi_runs(comm, nbytes).items() if k in impls}
+    rows = []
+    for nbytes in sizes:
+        runs = runs_at(nbytes)
+        timed = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest)
+        rows += [row(impl, nbytes, timed[impl], world, iterations(nbytes)) for impl in runs]
+    if "horovod" in impls and grad_shapes:
+        nbytes = 4 * sum(int(np.prod(s)) for s in grad_shapes)
+        runs = horovod.grads_run(grad_shapes)
+        timed = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest)
+        rows += [row(name, nbytes, timed[name], world, iterations(nbytes),
+                     note=f"{len(grad_shapes)} gradient tensors of the model, Average, fused")
+                 for name in runs]
+    return rows, rank
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.allreduce_worker")
-    p.add_argument("--impls", required=True, help="comma list: mpi4py,ring,memcpy,horovod")
+    p.add_argument("--impls", required=True, help="comma list of mpi4py,ring,memcpy; or horovod")
     p.add_argument("--horovod-label", default="mpi", help="row name suffix: mpi or gloo")
     p.add_argument("--sizes", required=True, help="comma list of byte counts")
     p.add_argument("--grad-shapes", default="", help="JSON list of gradient shapes")
@@ -129,15 +163,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     impls = args.impls.split(",")
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows, rank = [], 0
-    if any(i in ("mpi4py", "ring", "memcpy") for i in impls):
-        from mpi4py import MPI
-        rows += mpi_rows(impls, sizes, args.trials, args.warmup)
-        rank = MPI.COMM_WORLD.Get_rank()
-    if "horovod" in impls:
-        shapes = [tuple(s) for s in json.loads(args.grad_shapes)] if args.grad_shapes else []
-        hrows, _, rank = horovod_rows(sizes, args.trials, args.warmup, shapes, args.horovod_label)
-        rows += hrows
+    shapes = [tuple(s) for s in json.loads(args.grad_shapes)] if args.grad_shapes else []
+    rows, rank = measure(impls, sizes, args.trials, args.warmup, shapes, args.horovod_label)
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"rows": rows, "env": {k: v for k, v in os.environ.items()

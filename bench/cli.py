@@ -11,7 +11,7 @@ from workloads.flags import OneLineParser, positive_int
 EXAMPLES = """examples:
   ringtrain-bench allreduce --np 2 --sizes 4K..256M --out bench/results
   ringtrain-bench scaling --modes ring,ps-sync,ps-async --np 1,2 --model mnist_cnn --data synthetic --out bench/results
-  ringtrain-bench report --out bench/results       # both, as `make bench` runs them (~10 min on 2 cores)
+  ringtrain-bench report --out bench/results       # both, as `make bench` runs them (~11 min on 2 cores)
 
 Every column is defined in bench/COLUMNS.md.
 """
@@ -59,7 +59,8 @@ def add_scaling_flags(p, modes_default, np_default):
     g = p.add_argument_group("scaling bench")
     g.add_argument("--modes", type=mode_list, default=mode_list(modes_default),
                    help=f"comma list of ring (horovodrun, MPI), ring-gloo (horovodrun --gloo), ps-sync, "
-                        f"ps-async (default {modes_default})")
+                        f"ps-async, independent (N single-rank trainers at once, nothing exchanged: "
+                        f"the machine's ceiling) (default {modes_default})")
     g.add_argument("--data", choices=("synthetic", "mnist", "cifar10"), default="synthetic",
                    help="dataset (default %(default)s)")
     g.add_argument("--data-dir", metavar="DIR", help="passed to the trainers")
@@ -70,6 +71,9 @@ def add_scaling_flags(p, modes_default, np_default):
     g.add_argument("--global-batch", type=positive_int, metavar="G", help="for --scaling strong")
     g.add_argument("--steps", type=positive_int, default=200, metavar="K",
                    help="steps per run; the first 3 are warm-up and not timed (default %(default)s)")
+    g.add_argument("--repeats", type=positive_int, default=1, metavar="R",
+                   help="run every configuration R times, in interleaved rounds; the table shows the "
+                        "median and the range (default %(default)s)")
     g.add_argument("--num-ps", type=positive_int, default=1, metavar="P", help="PS tasks (default 1)")
     g.add_argument("--threads", type=positive_int, default=1, metavar="T",
                    help="TF threads per worker (default 1)")
@@ -106,9 +110,9 @@ def parser():
     r = sub.add_parser("report", help="allreduce bench, then scaling bench (what `make bench` runs)", **common)
     add_run_flags(r, int_list, [1, 2], "scaling worker counts (default 1,2)", timeout=900)
     add_allreduce_flags(r)
-    add_scaling_flags(r, "ring,ring-gloo,ps-sync,ps-async", "1,2")
+    add_scaling_flags(r, "ring,ps-sync,ps-async,independent", "1,2")
     add_horovod_flags(r)
-    r.set_defaults(compare_cycle_time_ms=0.1)
+    r.set_defaults(compare_cycle_time_ms=0.1, repeats=2)
     return p
 
 
@@ -129,6 +133,7 @@ def scaling_config(args):
     return {"modes": args.modes, "np": args.np, "model": args.model, "data": args.data,
             "data_dir": args.data_dir, "batch_size": args.batch_size, "scaling": args.scaling,
             "global_batch": args.global_batch, "steps": args.steps, "num_ps": args.num_ps,
+            "repeats": args.repeats,
             "threads": args.threads, "timeout": args.timeout,
             "cycle_time_ms": args.cycle_time_ms, "fusion_threshold_mb": args.fusion_threshold_mb,
             "alpha_beta_json": args.alpha_beta or os.path.join(args.out, "allreduce.json")}

@@ -3,25 +3,28 @@ its real launcher, one table row per (mode, N). Column definitions:
 bench/COLUMNS.md."""
 import json
 import os
+import statistics
 
 from bench import launch, stats, tables
 from bench.environment import describe, usable_cores
 
-MODES = ("ring", "ring-gloo", "ps-sync", "ps-async")
-RING_MODES = ("ring", "ring-gloo")  # horovodrun (MPI controller) and horovodrun --gloo
+MODES = ("ring", "ring-gloo", "ps-sync", "ps-async", "independent")
+RING_MODES = ("ring", "ring-gloo")  # mpirun (MPI controller) and horovodrun --gloo
 COLUMNS = [
     ("mode", "mode"), ("n", "N (PS)"), ("procs", "cores/procs/thr"),
     ("per_worker", "per-worker img/s (95% CI)"), ("total", "total img/s"),
-    ("speedup", "speedup"), ("efficiency", "efficiency"), ("step_ms", "step ms"),
+    ("speedup", "speedup"), ("efficiency", "efficiency"), ("ceiling", "% of independent"),
+    ("step_ms", "step ms"),
     ("compute_ms", "compute ms"), ("comm_ms", "exposed comm ms"),
     ("predicted_ms", "α-β step ms"), ("scaling", "scaling"),
 ]
 CSV_KEYS = ["mode", "workers", "num_ps", "processes", "cores", "threads_per_worker",
             "oversubscribed", "per_worker_images_per_sec_mean", "per_worker_images_per_sec_ci95",
-            "total_images_per_sec", "speedup", "efficiency", "step_time_ms", "compute_time_ms",
-            "exposed_comm_ms", "predicted_comm_ms", "predicted_step_time_ms", "scaling",
-            "global_batch", "per_worker_batch", "timed_windows", "steps", "train_loss",
-            "test_accuracy", "staleness_mean", "staleness_max", "summary_json", "log"]
+            "rounds", "total_images_per_sec", "speedup", "efficiency", "efficiency_min",
+            "efficiency_max", "fraction_of_independent", "step_time_ms", "compute_time_ms", "exposed_comm_ms",
+            "predicted_comm_ms", "predicted_step_time_ms", "scaling", "global_batch",
+            "per_worker_batch", "timed_windows", "steps", "train_loss", "test_accuracy",
+            "staleness_mean", "staleness_max", "summary_json", "log"]
 
 
 def training_flags(cfg, batch):
@@ -32,14 +35,20 @@ def training_flags(cfg, batch):
 
 def command(mode, workers, cfg, batch, summary, compute_only=False):
     """The launcher command for one configuration, as an argument list."""
+    if mode == "independent":  # the machine's ceiling: N single-rank trainers, no launcher
+        return [launch.sys.executable, "-m", "bench.independent", "--np", str(workers),
+                "--summary-json", summary, "--", launch.tool("ringtrain")] + training_flags(cfg, batch)
     train = training_flags(cfg, batch) + ["--summary-json", summary]
     if mode in RING_MODES:
         extra = ["--no-allreduce"] if compute_only else []
         for flag, key in (("--cycle-time-ms", "cycle_time_ms"), ("--fusion-threshold-mb", "fusion_threshold_mb")):
             if cfg.get(key) is not None:
                 extra += [flag, f"{cfg[key]:g}"]
-        return launch.horovodrun(workers, [launch.tool("ringtrain")] + train + extra,
-                                 gloo=mode == "ring-gloo")
+        trainer = [launch.tool("ringtrain")] + train + extra
+        if mode == "ring-gloo":
+            return launch.horovodrun(workers, trainer, gloo=True)
+        # plain mpirun: the same ranks as horovodrun's, without its ~8 s of start-up checks
+        return launch.mpirun(workers, trainer, usable_cores())
     sync = ["--sync"] if mode == "ps-sync" else []
     return [launch.tool("ps-baseline"), "launch", "--num-ps", str(cfg["num_ps"]),
             "--num-workers", str(workers)] + sync + train
@@ -51,8 +60,8 @@ def per_worker_batch(cfg, workers):
     return cfg["batch_size"]
 
 
-def run_one(mode, workers, cfg, out_dir, log, compute_only=False):
-    tag = f"{mode}-n{workers}" + ("-compute-only" if compute_only else "")
+def run_one(mode, workers, cfg, out_dir, log, compute_only=False, round_=0):
+    tag = f"{mode}-n{workers}" + ("-compute-only" if compute_only else "") + f"-r{round_ + 1}"
     summary = os.path.join(out_dir, "runs", f"{tag}.json")
     logf = os.path.join(out_dir, "runs", f"{tag}.log")
     if os.path.exists(summary):
@@ -69,50 +78,61 @@ def run_one(mode, workers, cfg, out_dir, log, compute_only=False):
 
 
 def load_alpha_beta(path):
+    """(ring fit, PS fit, gradient bytes) from an allreduce.json, if there is one."""
     if not path or not os.path.exists(path):
-        return None, None
+        return None, None, None
     with open(path) as f:
         ar = json.load(f)
-    impl = ar.get("alpha_beta_used_for_predictions")
-    return ar.get("alpha_beta", {}).get(impl), ar.get("config", {}).get("gradient_bytes")
+    fits = ar.get("alpha_beta", {})
+    return (fits.get(ar.get("alpha_beta_used_for_predictions")),
+            fits.get(ar.get("alpha_beta_used_for_ps_predictions")),
+            ar.get("config", {}).get("gradient_bytes"))
 
 
 def run(cfg, out_dir, log=print):
     """Every (mode, N) run, then the table, CSV, JSON and plots."""
     os.makedirs(os.path.join(out_dir, "runs"), exist_ok=True)
     cfg = dict(cfg, environment=describe(threads_per_worker=cfg["threads"]))  # load before our runs
-    fit, grad_bytes = load_alpha_beta(cfg.get("alpha_beta_json"))
+    fit, ps_fit, grad_bytes = load_alpha_beta(cfg.get("alpha_beta_json"))
     if grad_bytes is None:
         from bench.allreduce import gradient_shapes
         import numpy as np
         grad_bytes = 4 * sum(int(np.prod(s)) for s in gradient_shapes(cfg["model"]))
     summaries, compute = {}, {}
     baselines = [m for m in cfg["modes"] if m in RING_MODES] or ["ring"]
-    for n in cfg["np"]:
-        for ring_mode in baselines:
-            compute[(ring_mode, n)] = run_one(ring_mode, n, cfg, out_dir, log, compute_only=True)
-        for mode in cfg["modes"]:
-            summaries[(mode, n)] = run_one(mode, n, cfg, out_dir, log)
-    result = build(summaries, compute, cfg, fit, grad_bytes)
+    # Rounds: every configuration once per round, so that a slow spell on a
+    # shared machine hits one round of all of them, not all runs of one.
+    for r in range(cfg.get("repeats", 1)):
+        for n in cfg["np"]:
+            for ring_mode in baselines:
+                compute.setdefault((ring_mode, n), []).append(
+                    run_one(ring_mode, n, cfg, out_dir, log, compute_only=True, round_=r))
+            for mode in cfg["modes"]:
+                summaries.setdefault((mode, n), []).append(run_one(mode, n, cfg, out_dir, log, round_=r))
+    result = build(summaries, compute, cfg, fit, grad_bytes, ps_fit)
     result["environment"]["load_average_at_end"] = list(os.getloadavg())
     write(result, out_dir)
     return result
 
 
-def build(summaries, compute, cfg, fit, grad_bytes):
-    """Table rows from launcher summaries: pure arithmetic, unit-tested on
-    recorded summaries."""
+def build(summaries, compute, cfg, fit, grad_bytes, ps_fit=None):
+    """Table rows from launcher summaries, a list of runs (one per round) for
+    each (mode, N): pure arithmetic, unit-tested on recorded summaries.
+    fit: the Horovod allreduce α-β fit (ring rows); ps_fit: the gRPC push/pull
+    fit (PS rows)."""
     cores = cfg.get("cores") or usable_cores()
     rows = []
-    for (mode, n), s in summaries.items():
-        windows = [w for per_worker in s.get("window_images_per_sec", []) for w in per_worker]
+    for (mode, n), runs in summaries.items():
+        windows = [w for s in runs for per_worker in s.get("window_images_per_sec", []) for w in per_worker]
         mean, ci = stats.mean_ci95(windows)
-        num_ps = s.get("num_ps", cfg["num_ps"]) if mode not in RING_MODES else 0
+        num_ps = runs[0].get("num_ps", cfg["num_ps"]) if mode.startswith("ps-") else 0
         procs = n + num_ps
-        step = _mean(s.get("step_time_sec"))
-        comp = _mean(compute_baseline(compute, mode, n).get("step_time_sec"))
-        if fit and grad_bytes:
-            a, b = fit["alpha_sec"], fit["beta_sec_per_byte"]
+        step = _median([_mean(s.get("step_time_sec")) for s in runs])
+        comp = None if mode == "independent" else \
+            _median([_mean(s.get("step_time_sec")) for s in compute_baseline(compute, mode, n)])
+        model = fit if mode in RING_MODES else ps_fit if mode.startswith("ps-") else None
+        if model and grad_bytes:
+            a, b = model["alpha_sec"], model["beta_sec_per_byte"]
             comm = (stats.ring_allreduce_seconds(grad_bytes, n, a, b) if mode in RING_MODES
                     else stats.ps_exchange_seconds(grad_bytes, n, num_ps, a, b))
         else:
@@ -121,35 +141,48 @@ def build(summaries, compute, cfg, fit, grad_bytes):
             "mode": mode, "workers": n, "num_ps": num_ps, "processes": procs, "cores": cores,
             "threads_per_worker": cfg["threads"], "oversubscribed": procs * max(cfg["threads"], 1) > cores,
             "per_worker_images_per_sec_mean": mean, "per_worker_images_per_sec_ci95": ci,
-            "total_images_per_sec": s["images_per_sec"],
+            "rounds": len(runs), "total_images_per_sec_runs": [s["images_per_sec"] for s in runs],
+            "total_images_per_sec": _median([s["images_per_sec"] for s in runs]),
             "step_time_ms": _ms(step), "compute_time_ms": _ms(comp),
             "exposed_comm_ms": _ms(step - comp) if step is not None and comp is not None else None,
             "predicted_comm_ms": _ms(comm),
             "predicted_step_time_ms": _ms(comp + comm) if comp is not None and comm is not None else None,
             "scaling": cfg["scaling"], "per_worker_batch": per_worker_batch(cfg, n),
             "global_batch": per_worker_batch(cfg, n) * n, "timed_windows": len(windows),
-            "steps": s.get("steps"), "train_loss": s.get("train_loss"),
-            "test_accuracy": s.get("test_accuracy"), "staleness_mean": s.get("staleness_mean"),
-            "staleness_max": s.get("staleness_max"),
-            "summary_json": s.get("_summary_json"), "log": s.get("_log"),
+            "steps": runs[0].get("steps"), "train_loss": runs[-1].get("train_loss"),
+            "test_accuracy": runs[-1].get("test_accuracy"), "staleness_mean": runs[-1].get("staleness_mean"),
+            "staleness_max": runs[-1].get("staleness_max"),
+            "summary_json": runs[-1].get("_summary_json"), "log": runs[-1].get("_log"),
         })
     for r in rows:
         base = next((b for b in rows if b["mode"] == r["mode"] and b["workers"] == 1), None)
-        r["speedup"] = r["total_images_per_sec"] / base["total_images_per_sec"] if base else None
-        r["efficiency"] = r["speedup"] / r["workers"] if base else None
+        # speedup per round (T_N and T_1 measured minutes apart), then the median round
+        ratios = [t / t1 for t, t1 in zip(r["total_images_per_sec_runs"], base["total_images_per_sec_runs"])
+                  if t1 > 0] if base else []
+        r["speedup"] = _median(ratios)
+        r["efficiency"] = r["speedup"] / r["workers"] if ratios else None
+        r["efficiency_min"] = min(ratios) / r["workers"] if ratios else None
+        r["efficiency_max"] = max(ratios) / r["workers"] if ratios else None
+        # against N independent trainers in the same round: what exchanging gradients
+        # costs, net of what N processes cost this machine anyway
+        ceiling = next((b for b in rows if b["mode"] == "independent" and b["workers"] == r["workers"]), None)
+        r["fraction_of_independent"] = _median(
+            [t / c for t, c in zip(r["total_images_per_sec_runs"], ceiling["total_images_per_sec_runs"])
+             if c > 0]) if ceiling else None
     rows.sort(key=lambda r: (cfg["modes"].index(r["mode"]) if r["mode"] in cfg["modes"] else 9, r["workers"]))
-    return {"rows": rows, "gaps": gaps(rows), "alpha_beta": fit, "gradient_bytes": grad_bytes,
+    return {"rows": rows, "gaps": gaps(rows), "alpha_beta": fit, "alpha_beta_ps": ps_fit,
+            "gradient_bytes": grad_bytes,
             "config": {k: v for k, v in cfg.items() if k not in ("cores", "environment")},
             "environment": cfg.get("environment") or describe(threads_per_worker=cfg["threads"])}
 
 
 def compute_baseline(compute, mode, n):
-    """The compute-only run a row's exposed communication is measured against:
+    """The compute-only runs a row's exposed communication is measured against:
     its own ring flavour's, and for PS rows the MPI ring's (else the Gloo one's)."""
     for key in ((mode, n), ("ring", n), ("ring-gloo", n)):
         if key in compute:
             return compute[key]
-    return {}
+    return []
 
 
 def gaps(rows):
@@ -172,6 +205,11 @@ def gaps(rows):
     return out
 
 
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
 def _mean(values):
     values = [v for v in (values or []) if v is not None]
     return sum(values) / len(values) if values else None
@@ -191,26 +229,35 @@ def markdown(result):
                      + (" over" if r["oversubscribed"] else ""),
             "per_worker": f"{tables.fmt(r['per_worker_images_per_sec_mean'], 0)} ± {tables.fmt(ci, 0)}",
             "total": tables.fmt(r["total_images_per_sec"], 0), "speedup": tables.fmt(r["speedup"]),
-            "efficiency": "n/a" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f}%",
+            "efficiency": efficiency_text(r),
+            "ceiling": "n/a" if r["fraction_of_independent"] is None else f"{100 * r['fraction_of_independent']:.0f}%",
             "step_ms": tables.fmt(r["step_time_ms"]), "compute_ms": tables.fmt(r["compute_time_ms"]),
             "comm_ms": tables.fmt(r["exposed_comm_ms"]), "predicted_ms": tables.fmt(r["predicted_step_time_ms"]),
             "scaling": f"{r['scaling']} (B={r['per_worker_batch']}/worker)",
         })
     cfg, env, fit = result["config"], result["environment"], result["alpha_beta"]
     load = env.get("load_average_at_start"), env.get("load_average_at_end")
+    rounds = max((r["rounds"] for r in result["rows"]), default=1)
     text = (f"# Ring against PS: {cfg['model']} on {cfg['data']} data, {cfg['steps']} steps per run\n\n"
             f"Columns are defined in bench/COLUMNS.md. Totals are measured (all workers' timed images / "
             f"slowest worker's timed seconds), never rank 0 x N; warm-up steps excluded. "
+            f"Every configuration ran {rounds} time(s), in rounds; total img/s is the median run, and "
+            f"speedup and efficiency are the median over rounds of that round's T_N / T_1"
+            + (" (efficiency min–max over rounds in brackets)" if rounds > 1 else "") + ". "
+            f"`independent` is N single-rank trainers at once with nothing exchanged: this machine's "
+            f"ceiling for N processes. "
             f"Machine: {env.get('cores')} cores ({env.get('cpu_model')}), no GPU: N counts worker "
             f"processes, each with {cfg['threads']} TF thread(s); 'over' marks more processes x threads "
             f"than cores. Load average (1 min) at start/end: "
             f"{tables.fmt(load[0][0] if load[0] else None)}/{tables.fmt(load[1][0] if load[1] else None)} "
             f"(other work on the machine skews every number).\n\n")
     text += tables.markdown(COLUMNS, rows)
-    if fit:
-        text += (f"\nα-β model from the allreduce bench: α = {fit['alpha_sec'] * 1e6:.1f} us, "
-                 f"1/β = {fit['bandwidth_gb_per_sec'] or 0:.2f} GB/s; gradients "
-                 f"{result['gradient_bytes'] / 1e6:.2f} MB per step.\n")
+    if fit or result.get("alpha_beta_ps"):
+        text += f"\nα-β models from the allreduce bench (gradients {result['gradient_bytes'] / 1e6:.2f} MB per step):\n"
+        for label, f in (("ring rows, Horovod allreduce (horovod-mpi)", fit),
+                         ("PS rows, TF gRPC push + pull (grpc-ps)", result.get("alpha_beta_ps"))):
+            if f:
+                text += f"- {label}: α = {f['alpha_sec'] * 1e6:.1f} us, 1/β = {f['bandwidth_gb_per_sec'] or 0:.2f} GB/s\n"
     if result["gaps"]:
         text += "\nRing against sync PS (step-time gap = PS step - ring step):\n\n"
         text += tables.markdown(
@@ -220,6 +267,15 @@ def markdown(result):
               "measured": tables.fmt(g["measured_gap_ms"]), "predicted": tables.fmt(g["predicted_gap_ms"]),
               "error": "n/a" if g["gap_error_pct"] is None else f"{g['gap_error_pct']:.0f}%"}
              for g in result["gaps"]])
+    return text
+
+
+def efficiency_text(r):
+    if r["efficiency"] is None:
+        return "n/a"
+    text = f"{100 * r['efficiency']:.0f}%"
+    if r["rounds"] > 1 and r["workers"] > 1:
+        text += f" ({100 * r['efficiency_min']:.0f}–{100 * r['efficiency_max']:.0f})"
     return text
 
 

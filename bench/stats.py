@@ -32,20 +32,31 @@ def ps_exchange_seconds(nbytes, workers, num_ps, alpha, beta):
     return 2 * (workers * alpha + workers * nbytes / num_ps * beta)
 
 
-def fit_alpha_beta(rows, ranks):
-    """Fit t = 2(n-1)*alpha + 2(n-1)/n * S * beta to (bytes, seconds) pairs by
-    least squares on relative error (sizes span five orders of magnitude).
+def ps_push_pull_seconds(nbytes, alpha, beta):
+    """One worker's push of nbytes to one PS task and pull of nbytes back:
+    ps_exchange_seconds with one worker and one PS."""
+    return ps_exchange_seconds(nbytes, 1, 1, alpha, beta)
+
+
+def fit_alpha_beta(rows, ranks, model="ring"):
+    """Fit alpha and beta to (bytes, seconds) pairs by least squares on
+    relative error (sizes span five orders of magnitude). model "ring":
+    t = 2(n-1)*alpha + 2(n-1)/n * S * beta (an allreduce over n ranks);
+    model "ps": t = 2*alpha + 2*S*beta (one push and one pull, bench.grpc_exchange).
     Returns alpha (s), beta (s/byte), and the fit's worst relative error."""
-    if ranks < 2 or len(rows) < 2:
+    if len(rows) < 2 or (model == "ring" and ranks < 2):
         return None
     S = np.array([r[0] for r in rows], float)
     t = np.array([r[1] for r in rows], float)
-    A = np.stack([np.full_like(S, 2 * (ranks - 1)), 2 * (ranks - 1) / ranks * S], axis=1)
+    if model == "ring":
+        A = np.stack([np.full_like(S, 2 * (ranks - 1)), 2 * (ranks - 1) / ranks * S], axis=1)
+    else:
+        A = np.stack([np.full_like(S, 2.0), 2 * S], axis=1)
     w = 1.0 / t
     (alpha, beta), *_ = np.linalg.lstsq(A * w[:, None], t * w, rcond=None)
     alpha, beta = max(float(alpha), 0.0), max(float(beta), 0.0)
     pred = A @ np.array([alpha, beta])
-    return {"alpha_sec": alpha, "beta_sec_per_byte": beta,
+    return {"alpha_sec": alpha, "beta_sec_per_byte": beta, "model": model,
             "bandwidth_gb_per_sec": 1e-9 / beta if beta > 0 else None,
             "max_relative_error": float(np.max(np.abs(pred - t) / t)), "ranks": ranks,
             "points": len(rows)}

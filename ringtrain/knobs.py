@@ -2,13 +2,17 @@
 import os
 
 
+def yield_when_idle():
+    """OpenMPI busy-polls while a rank waits in a collective; Horovod's
+    background thread waits in one every cycle. On CPU ranks that share
+    cores with TF's compute, that spinning steals the compute's time."""
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+
+
 def apply_before_init(args):
     """Horovod and MPI read these from the environment in hvd.init()."""
     if not args.mpi_busy_wait:
-        # OpenMPI busy-polls while a rank waits in a collective; Horovod's
-        # background thread waits in one every cycle. On CPU ranks that share
-        # cores with TF's compute, that spinning steals the compute's time.
-        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        yield_when_idle()
     if args.fusion_threshold_mb is not None:
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
     if args.cycle_time_ms is not None:

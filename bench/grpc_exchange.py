@@ -1,0 +1,119 @@
+"""The parameter-server data path, timed: one worker pushes S bytes of
+gradient into a variable on a PS task and pulls S bytes of weights back,
+over TF's gRPC, as one synchronous PS step does per worker and PS shard.
+
+    python -m bench.grpc_exchange --sizes 4096,1048576 --trials 5 --out rows.json
+
+Starts its own PS task (a TF gRPC server in a child process, on a free port)
+and a worker server in this process; the PS child is ended by PID on exit.
+The rows feed the PS α-β fit: t(S) = 2·α + 2·S·β (one push, one pull).
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from bench.allreduce_worker import iterations, row
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(cluster, threads):
+    """The PS task: a gRPC server and nothing else, as the seeds' ps job."""
+    from workloads.tfenv import import_tensorflow_quietly
+    tf = import_tensorflow_quietly()
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
+                                      inter_op_parallelism_threads=threads)
+    tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="ps", task_index=0,
+                         config=config).join()
+
+
+def measure(cluster, sizes, trials, warmup, threads):
+    from workloads.tfenv import import_tensorflow_quietly
+    tf = import_tensorflow_quietly()
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    config = tf1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
+    server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="worker", task_index=0,
+                                  config=config)
+    rows = []
+    for nbytes in sizes:
+        graph = tf.Graph()
+        with graph.as_default():
+            with tf1.device("/job:ps/task:0"):
+                weights = tf1.get_variable("weights", [nbytes // 4], initializer=tf1.zeros_initializer(),
+                                           use_resource=True)
+            with tf1.device("/job:worker/task:0"):
+                grads = tf1.get_variable("grads", [nbytes // 4], initializer=tf1.zeros_initializer(),
+                                         use_resource=True, collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+                push = weights.assign_add(grads, read_value=False)  # runs on the PS: S bytes in
+                with tf.control_dependencies([push]):
+                    pulled = tf.identity(weights.read_value())  # S bytes back to the worker
+                step = pulled[:1]  # fetch one element: the pull, not a copy into Python
+            init = tf1.group(tf1.global_variables_initializer(), tf1.local_variables_initializer())
+        with tf1.Session(server.target, graph=graph, config=config) as sess:
+            sess.run(init)
+            for _ in range(warmup):
+                sess.run(step)
+            iters = iterations(nbytes)
+            seconds = []
+            for _ in range(trials):
+                start = time.perf_counter()
+                for _ in range(iters):
+                    sess.run(step)
+                seconds.append((time.perf_counter() - start) / iters)
+        rows.append(row("grpc-ps", nbytes, seconds, 2, iters,
+                        note="one push of S bytes to a PS variable and one pull of S bytes back"))
+    return rows
+
+
+def wait_until_serving(ps, address, timeout=120):
+    """TF sessions wait for a missing PS forever: fail instead, with one line."""
+    from ps_baseline.cluster import is_listening
+    deadline = time.monotonic() + timeout
+    while not is_listening(address):
+        if ps.poll() is not None:
+            raise RuntimeError(f"the PS task exited with status {ps.returncode} before serving at {address}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the PS task did not listen at {address} within {timeout} s")
+        time.sleep(0.2)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench.grpc_exchange")
+    p.add_argument("--sizes", required=True, help="comma list of byte counts")
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", required=True)
+    p.add_argument("--serve", help=argparse.SUPPRESS)  # internal: run the PS task of this cluster JSON
+    args = p.parse_args(argv)
+    if args.serve:
+        serve(json.loads(args.serve), args.threads)
+        return 0
+    cluster = {"ps": [f"localhost:{free_port()}"], "worker": [f"localhost:{free_port()}"]}
+    ps = subprocess.Popen([sys.executable, "-m", "bench.grpc_exchange", "--serve", json.dumps(cluster),
+                           "--threads", str(args.threads), "--sizes", "0", "--out", os.devnull])
+    try:
+        wait_until_serving(ps, cluster["ps"][0])
+        rows = measure(cluster, [int(s) for s in args.sizes.split(",")], args.trials, args.warmup,
+                       args.threads)
+    finally:
+        ps.kill()
+        ps.wait()
+    with open(args.out, "w") as f:
+        json.dump({"rows": rows}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
