@@ -11,7 +11,7 @@ from workloads.flags import OneLineParser, positive_int
 EXAMPLES = """examples:
   ringtrain-bench allreduce --np 2 --sizes 4K..256M --out bench/results
   ringtrain-bench scaling --modes ring,ps-sync,ps-async --np 1,2 --model mnist_cnn --data synthetic --out bench/results
-  ringtrain-bench report --out bench/results       # both, as `make bench` runs them (~11 min on 2 cores)
+  ringtrain-bench report --out bench/results       # both, as `make bench` runs them (~8 min on 2 cores)
 
 Every column is defined in bench/COLUMNS.md.
 """

@@ -3,9 +3,9 @@
     python -m bench.independent --np 2 --summary-json S.json -- ringtrain --model mnist_cnn ...
 
 The machine's own ceiling for N worker processes: what any N-worker mode
-could reach if communication cost nothing. The combined summary is measured
-the same way as the launchers' (all timed images / the slowest worker's timed
-seconds).
+could reach if communication cost nothing. The trainers start their timed
+steps at different moments, so the combined rate counts only the timed windows
+during which all of them were running.
 """
 import argparse
 import json
@@ -14,6 +14,28 @@ import subprocess
 import sys
 
 from workloads.summary import emit, measured_throughput
+
+
+def combine(summaries):
+    """One throughput summary from single-rank trainers' summaries. Unlike a
+    launcher's ranks, these trainers do not start in step: the rate counts only
+    the timed windows that fall where all of them were running at once."""
+    spans = [s["window_spans_unix"][0] for s in summaries]  # [[start, end, samples], ...] each
+    reports = [{"samples": s["timed_samples"], "seconds": s["timed_seconds"],
+                "windows": s["window_images_per_sec"][0], "step_time_sec": s["step_time_sec"][0],
+                "window_spans_unix": w} for s, w in zip(summaries, spans)]
+    result = measured_throughput(reports)
+    lo, hi = max(w[0][0] for w in spans), min(w[-1][1] for w in spans)
+    whole = max(w[-1][1] for w in spans) - min(w[0][0] for w in spans)
+    inside = [[(end - start, samples) for start, end, samples in w if start >= lo and end <= hi]
+              for w in spans]
+    if all(inside):
+        # each trainer's rate while all ran, summed
+        result["images_per_sec"] = sum(sum(n for _, n in ws) / sum(t for t, _ in ws) for ws in inside)
+    else:  # they hardly overlapped: all timed images over the joint wall-clock span
+        result["images_per_sec"] = result["timed_samples"] / whole
+    result["overlap_fraction"] = max(hi - lo, 0.0) / whole if whole > 0 else 0.0
+    return result
 
 
 def main(argv=None):
@@ -35,12 +57,8 @@ def main(argv=None):
         with open(part) as f:
             summaries.append(json.load(f))
         os.remove(part)
-    reports = [{"samples": s["timed_samples"], "seconds": s["timed_seconds"],
-                "windows": s["window_images_per_sec"][0], "step_time_sec": s["step_time_sec"][0]}
-               for s in summaries]
     emit({"mode": "independent", "world_size": args.np, "steps": summaries[0]["steps"],
-          "train_loss": None, "test_accuracy": None, **measured_throughput(reports)},
-         args.summary_json)
+          "train_loss": None, "test_accuracy": None, **combine(summaries)}, args.summary_json)
     return 0
 
 

@@ -33,14 +33,14 @@ def training_flags(cfg, batch):
     return flags + (["--data-dir", cfg["data_dir"]] if cfg.get("data_dir") else [])
 
 
-def command(mode, workers, cfg, batch, summary, compute_only=False):
+def command(mode, workers, cfg, batch, summary):
     """The launcher command for one configuration, as an argument list."""
     if mode == "independent":  # the machine's ceiling: N single-rank trainers, no launcher
         return [launch.sys.executable, "-m", "bench.independent", "--np", str(workers),
                 "--summary-json", summary, "--", launch.tool("ringtrain")] + training_flags(cfg, batch)
     train = training_flags(cfg, batch) + ["--summary-json", summary]
     if mode in RING_MODES:
-        extra = ["--no-allreduce"] if compute_only else []
+        extra = []
         for flag, key in (("--cycle-time-ms", "cycle_time_ms"), ("--fusion-threshold-mb", "fusion_threshold_mb")):
             if cfg.get(key) is not None:
                 extra += [flag, f"{cfg[key]:g}"]
@@ -60,13 +60,13 @@ def per_worker_batch(cfg, workers):
     return cfg["batch_size"]
 
 
-def run_one(mode, workers, cfg, out_dir, log, compute_only=False, round_=0):
-    tag = f"{mode}-n{workers}" + ("-compute-only" if compute_only else "") + f"-r{round_ + 1}"
+def run_one(mode, workers, cfg, out_dir, log, round_=0):
+    tag = f"{mode}-n{workers}-r{round_ + 1}"
     summary = os.path.join(out_dir, "runs", f"{tag}.json")
     logf = os.path.join(out_dir, "runs", f"{tag}.log")
     if os.path.exists(summary):
         os.remove(summary)
-    cmd = command(mode, workers, cfg, per_worker_batch(cfg, workers), summary, compute_only)
+    cmd = command(mode, workers, cfg, per_worker_batch(cfg, workers), summary)
     log(f"ringtrain-bench: {tag}: {' '.join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd))}")
     rc = launch.run(cmd, logf, cfg["timeout"])
     if rc != 0 or not os.path.exists(summary):
@@ -98,24 +98,22 @@ def run(cfg, out_dir, log=print):
         from bench.allreduce import gradient_shapes
         import numpy as np
         grad_bytes = 4 * sum(int(np.prod(s)) for s in gradient_shapes(cfg["model"]))
-    summaries, compute = {}, {}
-    baselines = [m for m in cfg["modes"] if m in RING_MODES] or ["ring"]
+    summaries = {}
+    # N independent trainers are every row's compute baseline and ceiling: always run.
+    modes = list(cfg["modes"]) + ([] if "independent" in cfg["modes"] else ["independent"])
     # Rounds: every configuration once per round, so that a slow spell on a
     # shared machine hits one round of all of them, not all runs of one.
     for r in range(cfg.get("repeats", 1)):
         for n in cfg["np"]:
-            for ring_mode in baselines:
-                compute.setdefault((ring_mode, n), []).append(
-                    run_one(ring_mode, n, cfg, out_dir, log, compute_only=True, round_=r))
-            for mode in cfg["modes"]:
+            for mode in modes:
                 summaries.setdefault((mode, n), []).append(run_one(mode, n, cfg, out_dir, log, round_=r))
-    result = build(summaries, compute, cfg, fit, grad_bytes, ps_fit)
+    result = build(summaries, cfg, fit, grad_bytes, ps_fit)
     result["environment"]["load_average_at_end"] = list(os.getloadavg())
     write(result, out_dir)
     return result
 
 
-def build(summaries, compute, cfg, fit, grad_bytes, ps_fit=None):
+def build(summaries, cfg, fit, grad_bytes, ps_fit=None):
     """Table rows from launcher summaries, a list of runs (one per round) for
     each (mode, N): pure arithmetic, unit-tested on recorded summaries.
     fit: the Horovod allreduce α-β fit (ring rows); ps_fit: the gRPC push/pull
@@ -128,8 +126,9 @@ def build(summaries, compute, cfg, fit, grad_bytes, ps_fit=None):
         num_ps = runs[0].get("num_ps", cfg["num_ps"]) if mode.startswith("ps-") else 0
         procs = n + num_ps
         step = _median([_mean(s.get("step_time_sec")) for s in runs])
+        # compute: N trainers that exchange nothing, on the same machine, at the same N
         comp = None if mode == "independent" else \
-            _median([_mean(s.get("step_time_sec")) for s in compute_baseline(compute, mode, n)])
+            _median([_mean(s.get("step_time_sec")) for s in summaries.get(("independent", n), [])])
         model = fit if mode in RING_MODES else ps_fit if mode.startswith("ps-") else None
         if model and grad_bytes:
             a, b = model["alpha_sec"], model["beta_sec_per_byte"]
@@ -169,20 +168,12 @@ def build(summaries, compute, cfg, fit, grad_bytes, ps_fit=None):
         r["fraction_of_independent"] = _median(
             [t / c for t, c in zip(r["total_images_per_sec_runs"], ceiling["total_images_per_sec_runs"])
              if c > 0]) if ceiling else None
-    rows.sort(key=lambda r: (cfg["modes"].index(r["mode"]) if r["mode"] in cfg["modes"] else 9, r["workers"]))
+    order = list(cfg["modes"]) + ["independent"]
+    rows.sort(key=lambda r: (order.index(r["mode"]) if r["mode"] in order else 9, r["workers"]))
     return {"rows": rows, "gaps": gaps(rows), "alpha_beta": fit, "alpha_beta_ps": ps_fit,
             "gradient_bytes": grad_bytes,
             "config": {k: v for k, v in cfg.items() if k not in ("cores", "environment")},
             "environment": cfg.get("environment") or describe(threads_per_worker=cfg["threads"])}
-
-
-def compute_baseline(compute, mode, n):
-    """The compute-only runs a row's exposed communication is measured against:
-    its own ring flavour's, and for PS rows the MPI ring's (else the Gloo one's)."""
-    for key in ((mode, n), ("ring", n), ("ring-gloo", n)):
-        if key in compute:
-            return compute[key]
-    return []
 
 
 def gaps(rows):

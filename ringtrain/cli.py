@@ -42,8 +42,8 @@ def parser():
                    help="let OpenMPI spin while waiting (its default); ringtrain otherwise sets "
                         "OMPI_MCA_mpi_yield_when_idle=1, which is faster when ranks share cores")
     r.add_argument("--no-allreduce", action="store_true",
-                   help="measurement only: skip the gradient allreduce, so ranks diverge; "
-                        "ringtrain-bench uses it to time compute alone")
+                   help="measurement only: skip the gradient allreduce, so ranks diverge "
+                        "(Horovod's background thread still coordinates every cycle)")
     c = p.add_argument_group("checkpoints and logs (rank 0 writes them)")
     c.add_argument("--checkpoint-every", type=flags.positive_int, default=100, metavar="K",
                    help="checkpoint every K steps and at the end (default %(default)s)")

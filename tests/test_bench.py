@@ -39,17 +39,16 @@ def recorded_result():
                  ("ps-sync", 2): summary("ps-sync", 2, 600, 0.106, 1),
                  ("ps-async", 1): summary("ps-async", 1, 850, 0.075, 1),
                  ("ps-async", 2): summary("ps-async", 2, 700, 0.091, 1)}
-    compute = {("ring", 1): summary("ring", 1, 1010, 0.063), ("ring", 2): summary("ring", 2, 990, 0.0645)}
-    one_round = lambda runs: {k: [v] for k, v in runs.items()}
-    return scaling.build(one_round(summaries), one_round(compute), CFG, FIT, 4_800_000, PS_FIT)
+    summaries.update({("independent", 1): summary("independent", 1, 1010, 0.063),
+                      ("independent", 2): summary("independent", 2, 990, 0.0645)})
+    return scaling.build({k: [v] for k, v in summaries.items()}, CFG, FIT, 4_800_000, PS_FIT)
 
 
 def test_rounds_give_the_median_run_and_the_median_per_round_efficiency():
     # round 2 ran on a loaded machine: N=1 and N=2 both slow, their ratio still good
     ring1 = [summary("ring", 1, 1000, 0.064), summary("ring", 1, 500, 0.128), summary("ring", 1, 900, 0.07)]
     ring2 = [summary("ring", 2, 950, 0.067), summary("ring", 2, 480, 0.133), summary("ring", 2, 700, 0.09)]
-    compute = {("ring", 1): ring1, ("ring", 2): ring2}
-    rows = {r["workers"]: r for r in scaling.build({("ring", 1): ring1, ("ring", 2): ring2}, compute,
+    rows = {r["workers"]: r for r in scaling.build({("ring", 1): ring1, ("ring", 2): ring2},
                                                    dict(CFG, modes=["ring"]), FIT, 4_800_000)["rows"]}
     per_round = sorted(b["images_per_sec"] / a["images_per_sec"] for a, b in zip(ring1, ring2))
     assert rows[2]["rounds"] == 3
@@ -64,7 +63,7 @@ def test_share_of_the_independent_ceiling_is_taken_round_by_round():
     ring2 = [summary("ring", 2, 900, 0.07), summary("ring", 2, 400, 0.16)]
     independent2 = [summary("independent", 2, 1000, 0.064), summary("independent", 2, 500, 0.128)]
     runs = {("ring", 2): ring2, ("independent", 2): independent2}
-    rows = {r["mode"]: r for r in scaling.build(runs, {("ring", 2): ring2}, dict(CFG, modes=["ring", "independent"]),
+    rows = {r["mode"]: r for r in scaling.build(runs, dict(CFG, modes=["ring", "independent"]),
                                                 FIT, 4_800_000)["rows"]}
     assert rows["ring"]["fraction_of_independent"] == pytest.approx(0.85)  # median of 0.9 and 0.8
     assert rows["independent"]["fraction_of_independent"] == pytest.approx(1.0)
@@ -85,7 +84,7 @@ def test_total_is_the_launchers_measured_total_not_rank0_times_n():
         assert r["total_images_per_sec"] != pytest.approx(r["per_worker_images_per_sec_mean"] * r["workers"])
 
 
-def test_exposed_communication_is_step_minus_compute_only_step():
+def test_exposed_communication_is_step_minus_independent_trainers_step():
     rows = {(r["mode"], r["workers"]): r for r in recorded_result()["rows"]}
     assert rows[("ring", 2)]["exposed_comm_ms"] == pytest.approx(67.0 - 64.5)
     assert rows[("ps-sync", 2)]["compute_time_ms"] == pytest.approx(64.5)
@@ -111,6 +110,32 @@ def test_gap_table_compares_ring_with_sync_ps_at_each_n():
     gaps = {g["workers"]: g for g in recorded_result()["gaps"]}
     assert set(gaps) == {1, 2}
     assert gaps[2]["measured_gap_ms"] == pytest.approx(106.0 - 67.0)
+
+
+def test_step_timer_excludes_warmup_and_records_wall_clock_windows():
+    from workloads.summary import StepTimer
+    timer = StepTimer(warmup_steps=2, window_steps=3)
+    for _ in range(9):
+        timer.step_done(64)
+    report = timer.report()
+    assert report["samples"] == 7 * 64  # two warm-up steps are not timed
+    assert len(report["windows"]) == len(report["window_spans_unix"]) == 3  # 3 + 3 + a trailing 1
+    assert [w[2] for w in report["window_spans_unix"]] == [192, 192, 64]
+    assert all(a[1] == b[0] for a, b in zip(report["window_spans_unix"], report["window_spans_unix"][1:]))
+
+
+def test_independent_trainers_count_only_the_windows_where_all_ran():
+    from bench.independent import combine
+    # one window per second, 100 images each; the second trainer starts 5 s late and,
+    # while both run, each does 80 images per second
+    first = [[t, t + 1, 100.0 if t < 105 else 80.0] for t in range(100, 110)]
+    second = [[t, t + 1, 80.0 if t < 110 else 100.0] for t in range(105, 115)]
+    worker = lambda w: {"timed_samples": sum(x[2] for x in w), "timed_seconds": 10.0,
+                        "window_images_per_sec": [[x[2] for x in w]], "step_time_sec": [0.7],
+                        "window_spans_unix": [w]}
+    result = combine([worker(first), worker(second)])
+    assert result["images_per_sec"] == pytest.approx(160.0)  # not 1800 / 10 s, nor 1800 / 15 s
+    assert result["overlap_fraction"] == pytest.approx(5 / 15)
 
 
 def test_confidence_interval_is_students_t_over_windows():
@@ -212,14 +237,14 @@ def ps_launcher_ready():
 
 @pytest.mark.timeout(360)
 def test_tiny_scaling_bench_end_to_end_holds_every_column(tmp_path):
-    # ring, sync PS and independent trainers at N = 1, 2: eight launches, with the
-    # two compute-only ones
-    modes = "ring,ps-sync,independent" if ps_launcher_ready() else "ring,independent"
+    # ring and sync PS at N = 1, 2, and the independent trainers every row is
+    # measured against, which the bench adds itself: six launches
+    modes = "ring,ps-sync" if ps_launcher_ready() else "ring"
     out = run_bench(["scaling", "--modes", modes, "--np", "1,2", "--steps", "13", "--batch-size", "16",
                      "--out", str(tmp_path)], timeout=340)
     result = json.loads((tmp_path / "scaling.json").read_text())
     assert {(r["mode"], r["workers"]) for r in result["rows"]} == \
-        {(m, n) for m in modes.split(",") for n in (1, 2)}
+        {(m, n) for m in modes.split(",") + ["independent"] for n in (1, 2)}
     for row in result["rows"]:
         assert set(scaling.CSV_KEYS) <= set(row)
         assert row["total_images_per_sec"] > 0 and row["step_time_ms"] > 0

@@ -23,11 +23,15 @@ class StepTimer:
         self.seconds = 0.0
         self.windows = []  # images/sec of each complete window
         self._window_start = self._window_samples = self._window_steps = None
+        # wall-clock [start, end, samples] of each window: comparable across processes
+        self.window_spans_unix = []
+        self._last_step_end_unix = time.time()
         if warmup_steps == 0:
             self._start_window(time.perf_counter())
 
     def step_done(self, samples):
         now = self._last_step_end = time.perf_counter()
+        self._last_step_end_unix = time.time()
         self.steps += 1
         if self.steps <= self.warmup_steps:
             if self.steps == self.warmup_steps:
@@ -40,12 +44,14 @@ class StepTimer:
 
     def _start_window(self, now):
         self._window_start, self._window_samples, self._window_steps = now, 0.0, 0
+        self._window_start_unix = self._last_step_end_unix
 
     def _close_window(self, now):
         elapsed = now - self._window_start
         self.samples += self._window_samples
         self.seconds += elapsed
         self.windows.append(self._window_samples / elapsed if elapsed > 0 else 0.0)
+        self.window_spans_unix.append([self._window_start_unix, self._last_step_end_unix, self._window_samples])
         self._start_window(now)
 
     def report(self):
@@ -55,7 +61,8 @@ class StepTimer:
             self._close_window(self._last_step_end)
         timed_steps = self.steps - max(self.warmup_steps, 0)
         return {"samples": self.samples, "seconds": self.seconds, "windows": self.windows,
-                "step_time_sec": self.seconds / timed_steps if timed_steps > 0 else 0.0}
+                "step_time_sec": self.seconds / timed_steps if timed_steps > 0 else 0.0,
+                "window_spans_unix": self.window_spans_unix}
 
 
 def measured_throughput(reports):
@@ -70,13 +77,14 @@ def measured_throughput(reports):
         "step_time_sec": [r["step_time_sec"] for r in reports],
         "timed_samples": total,
         "timed_seconds": slowest,
+        "window_spans_unix": [r.get("window_spans_unix") for r in reports],
     }
 
 
 def emit(summary, path=None):
     """Print the summary as the last stdout line, less the per-window rates
     (launchers split very long lines); write all of it atomically to path."""
-    shown = {k: v for k, v in summary.items() if k != "window_images_per_sec"}
+    shown = {k: v for k, v in summary.items() if k not in ("window_images_per_sec", "window_spans_unix")}
     sys.stdout.write(json.dumps(shown, sort_keys=True) + "\n")
     sys.stdout.flush()
     if path:
