@@ -73,10 +73,9 @@ class HorovodRuns:
     and eagerly, one Python call per operation, for comparison."""
 
     def __init__(self, label):
-        from workloads.tfenv import import_tensorflow_quietly
+        from workloads.tfenv import import_tensorflow_quietly, set_threads
         tf = self.tf = import_tensorflow_quietly()
-        tf.config.threading.set_intra_op_parallelism_threads(1)
-        tf.config.threading.set_inter_op_parallelism_threads(1)
+        set_threads(1)
         import horovod.tensorflow as hvd
         from ringtrain.knobs import yield_when_idle
         yield_when_idle()  # the MPI setting ringtrain trains with

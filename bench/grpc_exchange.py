@@ -11,7 +11,6 @@ The rows feed the PS α-β fit: t(S) = 2·α + 2·S·β (one push, one pull).
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,28 +20,22 @@ import numpy as np
 from bench.allreduce_worker import iterations, row
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve(cluster, threads):
     """The PS task: a gRPC server and nothing else, as the seeds' ps job."""
     from workloads.tfenv import import_tensorflow_quietly
+    from ps_baseline.servers import session_config
     tf = import_tensorflow_quietly()
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                      inter_op_parallelism_threads=threads)
     tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="ps", task_index=0,
-                         config=config).join()
+                         config=session_config(tf, threads)).join()
 
 
 def measure(cluster, sizes, trials, warmup, threads):
     from workloads.tfenv import import_tensorflow_quietly
+    from ps_baseline.servers import session_config
     tf = import_tensorflow_quietly()
     tf1 = tf.compat.v1
     tf1.disable_eager_execution()
-    config = tf1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
+    config = session_config(tf, threads)
     server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="worker", task_index=0,
                                   config=config)
     rows = []
@@ -100,7 +93,9 @@ def main(argv=None):
     if args.serve:
         serve(json.loads(args.serve), args.threads)
         return 0
-    cluster = {"ps": [f"localhost:{free_port()}"], "worker": [f"localhost:{free_port()}"]}
+    from ps_baseline.cluster import free_ports
+    ps_port, worker_port = free_ports(2)
+    cluster = {"ps": [f"localhost:{ps_port}"], "worker": [f"localhost:{worker_port}"]}
     ps = subprocess.Popen([sys.executable, "-m", "bench.grpc_exchange", "--serve", json.dumps(cluster),
                            "--threads", str(args.threads), "--sizes", "0", "--out", os.devnull])
     try:

@@ -21,10 +21,10 @@ COLUMNS = [
 CSV_KEYS = ["mode", "workers", "num_ps", "processes", "cores", "threads_per_worker",
             "oversubscribed", "per_worker_images_per_sec_mean", "per_worker_images_per_sec_ci95",
             "rounds", "total_images_per_sec", "speedup", "efficiency", "efficiency_min",
-            "efficiency_max", "fraction_of_independent", "step_time_ms", "compute_time_ms", "exposed_comm_ms",
-            "predicted_comm_ms", "predicted_step_time_ms", "scaling", "global_batch",
-            "per_worker_batch", "timed_windows", "steps", "train_loss", "test_accuracy",
-            "staleness_mean", "staleness_max", "summary_json", "log"]
+            "efficiency_max", "fraction_of_independent", "step_time_ms", "compute_time_ms",
+            "exposed_comm_ms", "predicted_comm_ms", "predicted_step_time_ms", "scaling",
+            "global_batch", "per_worker_batch", "timed_windows", "steps", "train_loss",
+            "test_accuracy", "staleness_mean", "staleness_max", "summary_json", "log"]
 
 
 def training_flags(cfg, batch):
@@ -155,7 +155,7 @@ def build(summaries, cfg, fit, grad_bytes, ps_fit=None):
         })
     for r in rows:
         base = next((b for b in rows if b["mode"] == r["mode"] and b["workers"] == 1), None)
-        # speedup per round (T_N and T_1 measured minutes apart), then the median round
+        # the ratio within each round (whose T_N and T_1 ran minutes apart), then the median
         ratios = [t / t1 for t, t1 in zip(r["total_images_per_sec_runs"], base["total_images_per_sec_runs"])
                   if t1 > 0] if base else []
         r["speedup"] = _median(ratios)
