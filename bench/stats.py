@@ -32,17 +32,12 @@ def ps_exchange_seconds(nbytes, workers, num_ps, alpha, beta):
     return 2 * (workers * alpha + workers * nbytes / num_ps * beta)
 
 
-def ps_push_pull_seconds(nbytes, alpha, beta):
-    """One worker's push of nbytes to one PS task and pull of nbytes back:
-    ps_exchange_seconds with one worker and one PS."""
-    return ps_exchange_seconds(nbytes, 1, 1, alpha, beta)
-
-
 def fit_alpha_beta(rows, ranks, model="ring"):
     """Fit alpha and beta to (bytes, seconds) pairs by least squares on
     relative error (sizes span five orders of magnitude). model "ring":
     t = 2(n-1)*alpha + 2(n-1)/n * S * beta (an allreduce over n ranks);
-    model "ps": t = 2*alpha + 2*S*beta (one push and one pull, bench.grpc_exchange).
+    model "ps": t = 2*alpha + 2*S*beta (one push and one pull, bench.grpc_exchange:
+    ps_exchange_seconds with one worker and one PS).
     Returns alpha (s), beta (s/byte), and the fit's worst relative error."""
     if len(rows) < 2 or (model == "ring" and ranks < 2):
         return None

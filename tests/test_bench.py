@@ -150,7 +150,7 @@ def test_alpha_beta_fit_recovers_known_latency_and_bandwidth():
     fit = stats.fit_alpha_beta(pts, 2)
     assert fit["alpha_sec"] == pytest.approx(alpha, rel=1e-6)
     assert fit["beta_sec_per_byte"] == pytest.approx(beta, rel=1e-6)
-    pts = [(s, stats.ps_push_pull_seconds(s, alpha, beta)) for s in (4096, 65536, 1 << 20, 16 << 20)]
+    pts = [(s, stats.ps_exchange_seconds(s, 1, 1, alpha, beta)) for s in (4096, 65536, 1 << 20, 16 << 20)]
     fit = stats.fit_alpha_beta(pts, 2, model="ps")
     assert fit["alpha_sec"] == pytest.approx(alpha, rel=1e-6)
     assert fit["beta_sec_per_byte"] == pytest.approx(beta, rel=1e-6)
