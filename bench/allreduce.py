@@ -16,6 +16,7 @@ Implementations (rows):
 import json
 import os
 import statistics
+import sys
 
 from bench import launch, stats, tables
 from bench.environment import describe, usable_cores
@@ -36,7 +37,7 @@ def gradient_shapes(model_name):
     from workloads.tfenv import import_tensorflow_quietly
     import_tensorflow_quietly()
     from workloads import models
-    return [list(v.shape) for v in models.build(model_name, seed=0).trainable_variables]
+    return models.gradient_shapes(model_name)
 
 
 def busbw_factor(ranks):
@@ -54,7 +55,7 @@ def run(np_, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True,
     knobs = dict(horovod_env or {})
     common = ["--sizes", ",".join(map(str, all_sizes)), "--trials", str(trials),
               "--warmup", str(warmup), "--grad-shapes", json.dumps(shapes)]
-    python = [launch.sys.executable, "-m", "bench.allreduce_worker"]
+    python = [sys.executable, "-m", "bench.allreduce_worker"]
     launches = [("mpi", launch.mpirun(np_, python + ["--impls", "mpi4py,ring,memcpy"] + common,
                                       usable_cores())),
                 ("horovod-mpi", launch.mpirun(np_, python + ["--impls", "horovod", "--horovod-label", "mpi"]
@@ -71,7 +72,7 @@ def run(np_, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True,
                                                                   "--horovod-label", "gloo"] + common,
                                                    gloo=True)))
     grpc_sizes = [s for s in all_sizes if s <= GRPC_MAX_BYTES]
-    launches.append(("grpc", [launch.sys.executable, "-m", "bench.grpc_exchange",
+    launches.append(("grpc", [sys.executable, "-m", "bench.grpc_exchange",
                               "--sizes", ",".join(map(str, grpc_sizes)),
                               "--trials", str(trials), "--warmup", str(warmup)]))
     rows = []

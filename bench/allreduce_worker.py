@@ -77,8 +77,9 @@ class HorovodRuns:
         tf = self.tf = import_tensorflow_quietly()
         set_threads(1)
         import horovod.tensorflow as hvd
-        from ringtrain.knobs import yield_when_idle
-        yield_when_idle()  # the MPI setting ringtrain trains with
+        from workloads.horovod_env import MPI_YIELD_WHEN_IDLE
+        for name, value in MPI_YIELD_WHEN_IDLE.items():  # the MPI setting ringtrain trains with
+            os.environ.setdefault(name, value)
         self.hvd, self.label = hvd, label
         hvd.init()
 

@@ -7,6 +7,7 @@ import time
 from workloads.catalog import MODEL_SPECS
 from workloads.errors import UsageError, run_cli
 from workloads.flags import OneLineParser, positive_int
+from workloads.horovod_env import knob_env
 
 EXAMPLES = """examples:
   ringtrain-bench allreduce --np 2 --sizes 4K..256M --out bench/results
@@ -117,12 +118,7 @@ def parser():
 
 
 def horovod_env(args):
-    env = {}
-    if args.cycle_time_ms is not None:
-        env["HOROVOD_CYCLE_TIME"] = str(args.cycle_time_ms)
-    if args.fusion_threshold_mb is not None:
-        env["HOROVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * (1 << 20)))
-    return env
+    return knob_env(args.cycle_time_ms, args.fusion_threshold_mb)
 
 
 def scaling_config(args):

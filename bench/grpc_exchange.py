@@ -18,20 +18,19 @@ import time
 import numpy as np
 
 from bench.allreduce_worker import iterations, row
+from multihost.net import free_ports, is_listening, wait_for
 
 
 def serve(cluster, threads):
     """The PS task: a gRPC server and nothing else, as the seeds' ps job."""
-    from workloads.tfenv import import_tensorflow_quietly
-    from ps_baseline.servers import session_config
+    from workloads.tfenv import import_tensorflow_quietly, session_config
     tf = import_tensorflow_quietly()
     tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="ps", task_index=0,
                          config=session_config(tf, threads)).join()
 
 
 def measure(cluster, sizes, trials, warmup, threads):
-    from workloads.tfenv import import_tensorflow_quietly
-    from ps_baseline.servers import session_config
+    from workloads.tfenv import import_tensorflow_quietly, session_config
     tf = import_tensorflow_quietly()
     tf1 = tf.compat.v1
     tf1.disable_eager_execution()
@@ -71,14 +70,10 @@ def measure(cluster, sizes, trials, warmup, threads):
 
 def wait_until_serving(ps, address, timeout=120):
     """TF sessions wait for a missing PS forever: fail instead, with one line."""
-    from ps_baseline.cluster import is_listening
-    deadline = time.monotonic() + timeout
-    while not is_listening(address):
-        if ps.poll() is not None:
-            raise RuntimeError(f"the PS task exited with status {ps.returncode} before serving at {address}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the PS task did not listen at {address} within {timeout} s")
-        time.sleep(0.2)
+    if not wait_for(lambda: ps.poll() is not None or is_listening(address), timeout):
+        raise RuntimeError(f"the PS task did not listen at {address} within {timeout} s")
+    if ps.poll() is not None:
+        raise RuntimeError(f"the PS task exited with status {ps.returncode} before serving at {address}")
 
 
 def main(argv=None):
@@ -93,7 +88,6 @@ def main(argv=None):
     if args.serve:
         serve(json.loads(args.serve), args.threads)
         return 0
-    from ps_baseline.cluster import free_ports
     ps_port, worker_port = free_ports(2)
     cluster = {"ps": [f"localhost:{ps_port}"], "worker": [f"localhost:{worker_port}"]}
     ps = subprocess.Popen([sys.executable, "-m", "bench.grpc_exchange", "--serve", json.dumps(cluster),

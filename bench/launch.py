@@ -1,12 +1,11 @@
-"""Starting the launchers: argument lists only, one process group per run,
-and every process of that group, and below it, ended by PID afterwards."""
+"""The launcher commands the bench runs (argument lists only), and running
+them through multihost.procs: one process group per run, and every process
+of that group, and below it, ended by PID afterwards."""
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 
+from multihost import procs
 from workloads.errors import UsageError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,65 +52,14 @@ def horovodrun(np_, command, gloo=False):
     return cmd + list(command)
 
 
-def _descendants(pid):
-    try:
-        import psutil
-        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except Exception:
-        return []
-
-
-def end_tree(proc):
-    """SIGTERM, then SIGKILL, to the process, its group and each descendant by PID."""
-    pids = [proc.pid] + _descendants(proc.pid)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is None or any(_alive(p) for p in pids[1:]):
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-            for pid in pids[1:]:
-                try:
-                    os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            deadline = time.time() + 5
-            while time.time() < deadline and (proc.poll() is None or any(_alive(p) for p in pids[1:])):
-                time.sleep(0.1)
-    proc.poll()
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def run(cmd, log_path, timeout, env=None):
-    """Run cmd (a list) in its own session, output to log_path. Returns the
-    exit status; a timeout ends the whole tree and raises RuntimeError."""
-    assert isinstance(cmd, (list, tuple)), "commands are argument lists, never shell strings"
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(env),
-                                start_new_session=True, cwd=REPO)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            end_tree(proc)
-            raise RuntimeError(f"{' '.join(cmd[:4])} ... timed out after {timeout:.0f} s (log: {log_path})")
-        except BaseException:
-            end_tree(proc)
-            raise
-        end_tree(proc)  # stragglers a launcher left behind
-        return rc
+def run(cmd, log_path, timeout, env=None, host=None):
+    """Run cmd (a list) in its own process group, on `host` if given, output
+    to log_path. Returns the exit status; a timeout ends the whole tree and
+    raises RuntimeError. Whatever the launcher left behind is ended too."""
+    done = procs.run(cmd, timeout=timeout, host=host, cwd=REPO, env=child_env(env), log_path=log_path)
+    if done.timed_out:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... timed out after {timeout:.0f} s (log: {log_path})")
+    return done.returncode
 
 
 def tail(path, lines=15):

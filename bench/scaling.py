@@ -4,6 +4,7 @@ bench/COLUMNS.md."""
 import json
 import os
 import statistics
+import sys
 
 from bench import launch, stats, tables
 from bench.environment import describe, usable_cores
@@ -36,7 +37,7 @@ def training_flags(cfg, batch):
 def command(mode, workers, cfg, batch, summary):
     """The launcher command for one configuration, as an argument list."""
     if mode == "independent":  # the machine's ceiling: N single-rank trainers, no launcher
-        return [launch.sys.executable, "-m", "bench.independent", "--np", str(workers),
+        return [sys.executable, "-m", "bench.independent", "--np", str(workers),
                 "--summary-json", summary, "--", launch.tool("ringtrain")] + training_flags(cfg, batch)
     train = training_flags(cfg, batch) + ["--summary-json", summary]
     if mode in RING_MODES:

@@ -1,15 +1,13 @@
 """`ps-baseline`: TensorFlow's own parameter-server training, one process per
-task as in the seeds, or a whole localhost cluster with `ps-baseline launch`."""
+task as in the seeds, or a whole cluster with `ps-baseline launch`."""
 import argparse
 import sys
 
 from ps_baseline.cluster import check_port_free, check_task, make_cluster
+from ps_baseline.options import PROG, add_mode_flags, check_mode
 from workloads.errors import UsageError, run_cli
-from workloads.flags import (OneLineParser, add_training_flags, load_training_data,
-                             positive_float, positive_int)
+from workloads.flags import OneLineParser, add_training_flags, load_training_data
 
-PROG = "ps-baseline"
-PLACEMENTS = ("round_robin", "greedy", "partitioned")  # see ps_baseline/placement.py
 SEED_HOSTS = "--ps_hosts=localhost:2222,localhost:2223 --worker_hosts=localhost:2224,localhost:2225"
 
 TASK_EXAMPLE = f"""\
@@ -19,48 +17,9 @@ examples (the seeds' four terminals; add --is_sync=True or --sync for sync):
   {PROG} {SEED_HOSTS} --job_name=worker --task_index=0
   {PROG} {SEED_HOSTS} --job_name=worker --task_index=1
 
-The whole cluster on this machine in one command: {PROG} launch --help
+Across hosts, each task runs on the host its address names (e.g. --ps_hosts=h2:2222).
+The whole cluster in one command: {PROG} launch --help
 """
-
-
-def parse_bool(text):
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "y"):
-        return True
-    if value in ("false", "0", "no", "n"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
-
-
-def add_mode_flags(parser):
-    """PS-mode flags shared by the per-task command and `launch`."""
-    g = parser.add_argument_group("parameter-server mode")
-    g.add_argument("--sync", action="store_true",
-                   help="synchronous training with SyncReplicasOptimizer (default: async, as the seeds)")
-    g.add_argument("--is_sync", type=parse_bool, nargs="?", const=True, dest="sync", metavar="BOOL",
-                   help="the seeds' spelling of --sync: --is_sync=True")
-    g.add_argument("--replicas-to-aggregate", type=positive_int, metavar="K",
-                   help="sync: gradients per update (default: all workers); K below the worker "
-                        "count leaves backup workers, so one slow or dead worker does not stall training")
-    g.add_argument("--api", choices=("v1", "tf2"), default="v1",
-                   help="v1: the seeds' between-graph replication (default); tf2: "
-                        "tf.distribute.ParameterServerStrategy + ClusterCoordinator (async only)")
-    g.add_argument("--placement", choices=PLACEMENTS, default="round_robin",
-                   help="variables over PS tasks: round_robin (replica_device_setter's default), "
-                        "greedy (balance bytes), partitioned (split big variables over all PS)")
-    g.add_argument("--partition-min-bytes", type=positive_int, default=64 * 1024, metavar="N",
-                   help="partitioned: split variables of at least N bytes (default %(default)s)")
-    g.add_argument("--show-placement", action="store_true",
-                   help="print each variable's PS and the bytes per PS before training")
-    g.add_argument("--checkpoint-every", type=positive_int, metavar="K",
-                   help="chief: checkpoint every K global steps (default: every 600 s and at the end)")
-    g.add_argument("--startup-timeout", type=positive_float, default=60.0, metavar="SEC",
-                   help="give up if a PS (or the chief's initialisation) is not there after SEC "
-                        "seconds (default %(default)g)")
-    g.add_argument("--report-timeout", type=positive_float, default=120.0, metavar="SEC",
-                   help="chief: after its own training, wait at most SEC seconds for the other "
-                        "workers' reports (default %(default)g)")
-    return parser
 
 
 def task_parser():
@@ -78,18 +37,6 @@ def task_parser():
     add_mode_flags(parser)
     add_training_flags(parser)
     return parser
-
-
-def check_mode(args, num_workers):
-    if args.replicas_to_aggregate and not args.sync:
-        raise UsageError("--replicas-to-aggregate needs --sync: async training applies every gradient")
-    if args.replicas_to_aggregate and args.replicas_to_aggregate > num_workers:
-        raise UsageError(f"--replicas-to-aggregate {args.replicas_to_aggregate} exceeds the "
-                         f"{num_workers} worker(s): use 1..{num_workers}")
-    if args.api == "tf2" and args.sync:
-        raise UsageError("--api tf2 (ParameterServerStrategy + ClusterCoordinator) is async only: drop --sync")
-    if args.api == "tf2" and args.placement == "greedy":
-        raise UsageError("--api tf2 places variables round-robin or partitioned; greedy is v1 only")
 
 
 def run_task(argv):

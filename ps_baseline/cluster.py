@@ -2,9 +2,9 @@
 parsed and checked without TensorFlow, so that a typo fails in well under a
 second with one line instead of a gRPC server that waits forever."""
 import socket
-import time
 from dataclasses import dataclass, field
 
+from multihost.net import is_local_host
 from workloads.errors import UsageError
 
 JOBS = ("ps", "worker", "chief")
@@ -86,8 +86,13 @@ def check_task(cluster, job_name, task_index):
 
 def check_port_free(address, who):
     """Bind our own port once before TF does, so a busy port is one clear line
-    (TF's gRPC server would report it only as a generic start-up failure)."""
+    (TF's gRPC server would report it only as a generic start-up failure);
+    and a task started on the wrong host is one line too, not a cluster
+    whose peers wait for it elsewhere."""
     host, port = split_host_port(address)
+    if not is_local_host(host):
+        raise UsageError(f"{who} is {address}, but {host} is not this host ({socket.gethostname()}): "
+                         f"start it on {host}, or fix the host list")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # SO_REUSEADDR ignores TIME_WAIT leftovers of a previous run, not live listeners.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -96,36 +101,3 @@ def check_port_free(address, who):
         except OSError as e:
             raise UsageError(f"port {port} of {who} ({address}) is not free: {e.strerror}; "
                              "stop whatever uses it or pick another port") from None
-
-
-def is_listening(address, timeout=1.0):
-    host, port = split_host_port(address)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def wait_until_listening(address, who, timeout):
-    """Wait for a task's server to accept connections; a UsageError after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not is_listening(address):
-        if time.monotonic() > deadline:
-            raise UsageError(f"{who} at {address} did not come up within {timeout:g}s "
-                             "(--startup-timeout): start it, or check the host lists")
-        time.sleep(0.25)
-
-
-def free_ports(count):
-    """`count` distinct free ports, found by binding to port 0 (all held until all are chosen)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()

@@ -1,29 +1,32 @@
-"""`ps-baseline launch`: a whole PS cluster on localhost, one process per
-task, as if each had been started in its own terminal.
+"""`ps-baseline launch`: a whole PS cluster, one process per task, as if each
+had been started in its own terminal: on this machine, or on the hosts of an
+OpenMPI hostfile, each task started over ssh.
 
-Tasks get free ports, run in their own process groups (built as argument
-lists, never shell strings), and print through here with a [task] prefix.
-If any task fails, or on Ctrl-C, every task is stopped. The exit status is
-the chief's, and the last stdout line is the chief's JSON summary.
+Tasks get free ports on their hosts and are started as argument lists
+(multihost.procs); their output comes back here prefixed with [task], or
+[host task] across hosts. Every task receives the user's own flag words, less
+the launcher's. If any task fails, or on Ctrl-C, every task on every host is
+stopped. The exit status is the chief's, and the last stdout line is the
+chief's JSON summary.
 """
 import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
-from ps_baseline.cli import PROG, add_mode_flags, check_mode, task_parser
-from ps_baseline.cluster import free_ports
+from multihost import hostfile, procs
+from multihost.net import free_ports, is_local_host
+from ps_baseline.options import PROG, add_mode_flags, check_mode
+from workloads.console import Console
 from workloads.errors import UsageError
 from workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
-from workloads.summary import emit
+from workloads.summary import FULL_SUMMARY_LINE_ENV
 
 WORKERS_GRACE_SEC = 60  # after the chief is done, time for the others to finish
-STOP_GRACE_SEC = 5      # SIGTERM, then SIGKILL after this long
 
 EXAMPLE = f"""\
 examples:
@@ -32,92 +35,85 @@ examples:
   {PROG} launch --num-ps 2 --num-workers 3 --sync --replicas-to-aggregate 2     # 1 backup worker
   {PROG} launch --num-ps 2 --num-workers 2 --placement partitioned --show-placement --steps 50
   {PROG} launch --num-ps 1 --num-workers 2 --api tf2 --epochs 1                 # ParameterServerStrategy
+  {PROG} launch --hostfile hosts --num-ps 2 --num-workers 4 --sync              # across hosts, over ssh
+
+With --hostfile, workers fill each host's slots in turn (worker 0, the chief, on
+the first host); PS tasks go round-robin over the hosts, starting with the
+second, so that P = hosts puts one PS beside the workers of every host.
 """
 
 
-def launch_parser():
-    parser = OneLineParser(prog=f"{PROG} launch", epilog=EXAMPLE,
-                           formatter_class=argparse.RawDescriptionHelpFormatter,
-                           description="Start a whole PS cluster on this machine (free ports, one "
-                           "process per task) and print the chief's JSON summary last.")
-    parser.add_argument("--num-ps", type=positive_int, default=1, metavar="P", help="PS tasks (default 1)")
-    parser.add_argument("--num-workers", type=positive_int, default=2, metavar="W",
-                        help="worker tasks (default 2); worker 0 is the chief")
-    add_mode_flags(parser)
-    add_training_flags(parser)
+def launch_only_parser():
+    """The flags the launcher reads itself; every other word goes to the tasks."""
+    parser = OneLineParser(add_help=False, allow_abbrev=False)
+    g = parser.add_argument_group("launch")
+    g.add_argument("--num-ps", type=positive_int, default=1, metavar="P", help="PS tasks (default 1)")
+    g.add_argument("--num-workers", type=positive_int, default=2, metavar="W",
+                   help="worker tasks (default 2); worker 0 is the chief")
+    g.add_argument("--hostfile", metavar="FILE",
+                   help="OpenMPI hostfile (`host slots=N` lines): start the tasks on these hosts over ssh "
+                        "(default: all on this machine)")
+    g.add_argument("--summary-json", metavar="FILE", help="also write the final JSON summary to FILE")
     return parser
 
 
-def task_flags(args):
-    """The mode and training flags to hand every task, as --flag=value words."""
-    words, seen = [], set()
-    for action in task_parser()._actions:
-        dest = action.dest
-        if not action.option_strings or dest in seen or dest in ("help", "summary_json"):
-            continue
-        if dest in ("ps_hosts", "worker_hosts", "job_name", "task_index", "chief_host"):
-            continue
-        seen.add(dest)
-        value = getattr(args, dest, None)
-        if value is None or value == action.default:
-            continue
-        flag = max(action.option_strings, key=len)
-        words.append(flag if value is True else f"{flag}={value}")
-    return words
+def launch_parser():
+    parser = OneLineParser(prog=f"{PROG} launch", epilog=EXAMPLE, allow_abbrev=False,
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           parents=[launch_only_parser()],
+                           description="Start a whole PS cluster (one process per task, on this machine "
+                           "or over ssh on the hosts of a hostfile) and print the chief's JSON summary last.")
+    add_mode_flags(parser)
+    add_training_flags(parser, summary_json=False)
+    return parser
 
 
+def task_words(argv):
+    """The user's own flag words, less those only the launcher reads."""
+    return launch_only_parser().parse_known_args(argv)[1]
+
+
+@dataclass
 class Task:
-    def __init__(self, name, argv, output_lock):
-        self.name, self.argv = name, argv
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        # Own process group: Ctrl-C reaches only the launcher, which then stops
-        # every task by group; the parent-death signal covers a killed launcher.
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, env=env,
-                                     text=True, bufsize=1, preexec_fn=_die_with_parent)
-        self.reader = threading.Thread(target=self._prefix_lines, args=(output_lock,), daemon=True)
-        self.reader.start()
-
-    def _prefix_lines(self, lock):
-        for line in self.proc.stdout:
-            with lock:
-                sys.stdout.write(f"[{self.name}] {line}")
-                sys.stdout.flush()
+    name: str   # ps0, worker1, chief
+    job: str
+    index: int
+    host: str
+    port: int = 0
 
     @property
-    def status(self):
-        return self.proc.poll()
-
-    def signal_group(self, sig):
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
+    def address(self):
+        return f"{self.host}:{self.port}"
 
 
-def _die_with_parent():
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+def place(num_ps, num_workers, tf2, hosts, path):
+    """Tasks on hosts: workers fill the slots host by host; PS tasks go
+    round-robin from the second host; the tf2 coordinator joins the first."""
+    names = [h.name for h in hosts]
+    tasks = [Task(f"worker{i}", "worker", i, host)
+             for i, host in enumerate(hostfile.fill(hosts, num_workers, path))]
+    tasks = [Task(f"ps{i}", "ps", i, names[(i + 1) % len(names)]) for i in range(num_ps)] + tasks
+    if tf2:
+        tasks.append(Task("chief", "chief", 0, names[0]))
+    return tasks
 
 
-def stop_all(tasks):
-    for task in tasks:
-        task.signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_SEC
-    for task in tasks:
-        try:
-            task.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            task.signal_group(signal.SIGKILL)
-            task.proc.wait()
-
-
-def describe_status(status):
-    return f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+def assign_ports(tasks):
+    """A free port for every task, asked of its own host (over ssh for others)."""
+    for host in dict.fromkeys(t.host for t in tasks):
+        mine = [t for t in tasks if t.host == host]
+        if is_local_host(host):
+            ports = free_ports(len(mine))
+        else:
+            done = procs.run([sys.executable, "-m", "multihost.net", "free-ports", str(len(mine))],
+                             host=host, timeout=60)
+            if done.returncode != 0 or done.timed_out:
+                reason = (done.stderr.strip().splitlines() or ["timed out"])[-1]
+                raise UsageError(f"cannot start tasks on {host}: {reason}; check that `ssh {host} true` "
+                                 "works without a password and that hosts share this install path")
+            ports = [int(p) for p in done.stdout.split()]
+        for task, port in zip(mine, ports):
+            task.port = port
 
 
 def main(argv):
@@ -125,78 +121,95 @@ def main(argv):
     check_mode(args, args.num_workers)
     load_training_data(args)  # bad data flags fail here, before any task starts
     tf2 = args.api == "tf2"
-    ports = free_ports(args.num_ps + args.num_workers + (1 if tf2 else 0))
-    hosts = [f"localhost:{p}" for p in ports]
-    ps_hosts, worker_hosts = hosts[:args.num_ps], hosts[args.num_ps:args.num_ps + args.num_workers]
-    cluster_words = [f"--ps_hosts={','.join(ps_hosts)}", f"--worker_hosts={','.join(worker_hosts)}"]
+    hosts = (hostfile.read_hostfile(args.hostfile) if args.hostfile
+             else [hostfile.Host("localhost", args.num_workers)])
+    tasks = place(args.num_ps, args.num_workers, tf2, hosts, args.hostfile or "this machine")
+    assign_ports(tasks)
+    address_list = lambda job: ",".join(t.address for t in tasks if t.job == job)
+    cluster_words = [f"--ps_hosts={address_list('ps')}", f"--worker_hosts={address_list('worker')}"]
     if tf2:
-        cluster_words.append(f"--chief_host={hosts[-1]}")
-    chief_name = "chief" if tf2 else "worker0"
+        cluster_words.append(f"--chief_host={address_list('chief')}")
+    chief = next(t for t in tasks if t.name == ("chief" if tf2 else "worker0"))
 
-    workdir = tempfile.mkdtemp(prefix="ps-baseline-launch-")
-    summary_path = os.path.join(workdir, "summary.json")
-    specs = [(f"ps{i}", "ps", i) for i in range(args.num_ps)]
-    specs += [(f"worker{i}", "worker", i) for i in range(args.num_workers)]
-    if tf2:
-        specs.append(("chief", "chief", 0))
-    flags = task_flags(args)
-    base = [sys.executable, "-m", "ps_baseline.cli", *cluster_words]
-
-    print(f"{PROG} launch: {args.num_ps} ps at {','.join(ps_hosts)}; {args.num_workers} workers at "
-          f"{','.join(worker_hosts)}{'; coordinator at ' + hosts[-1] if tf2 else ''}", flush=True)
-    lock, tasks = threading.Lock(), []
+    console = Console()
+    console.line(f"{PROG} launch: " + "; ".join(f"{t.name} at {t.address}" for t in tasks))
+    console.line(f"{PROG} launch: note: TF's gRPC servers listen on every interface of their hosts, on the "
+                 "ports above, and run any graph sent to them without authentication: keep those ports "
+                 "closed to all but the cluster's hosts")
+    words = task_words(argv)
+    output = TaskOutput(across_hosts=args.hostfile is not None, chief=chief.name)
+    running = {}
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        for name, job, index in specs:
-            extra = [f"--summary-json={summary_path}"] if name == chief_name else []
-            tasks.append(Task(name, [*base, f"--job_name={job}", f"--task_index={index}", *flags, *extra], lock))
-        chief = next(t for t in tasks if t.name == chief_name)
-        failed = watch(tasks, chief)
+        for task in tasks:
+            argv_ = [sys.executable, "-m", "ps_baseline", *cluster_words, f"--job_name={task.job}",
+                     f"--task_index={task.index}", *words]
+            env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+            if task is chief:
+                env[FULL_SUMMARY_LINE_ENV] = "1"  # its summary comes back through its output
+            running[task.name] = procs.Process(argv_, name=task.name, host=task.host, cwd=os.getcwd(),
+                                               env=env, on_line=output.write)
+        failed = watch(running, chief.name)
         if failed is None and not tf2:  # (TF2's servers join forever: nothing to wait for)
             # The chief is done: the others finish their reports, the PS tasks shut down.
-            wait_for_exit([t for t in tasks if t is not chief], WORKERS_GRACE_SEC)
+            procs.wait_all([p for name, p in running.items() if name != chief.name], WORKERS_GRACE_SEC)
     finally:
-        stop_all(tasks)
-        for task in tasks:
-            task.reader.join(timeout=5)
+        procs.stop_all(list(running.values()))
         signal.signal(signal.SIGTERM, previous_sigterm)
 
+    chief_process = running[chief.name]
     if failed is not None:
-        sys.stderr.write(f"{PROG} launch: {failed.name} {describe_status(failed.status)}; "
-                         "stopped every task\n")
-        return chief.status if chief.status not in (None, 0) and chief.status > 0 else 1
-    if chief.status != 0:
-        return chief.status
-    try:
-        with open(summary_path) as f:
-            summary = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"the chief finished but wrote no summary ({e})") from None
-    summary["launch"] = {"num_ps": args.num_ps, "num_workers": args.num_workers,
-                         "ps_hosts": ps_hosts, "worker_hosts": worker_hosts}
-    emit(summary, args.summary_json)
+        where = f" on {next(t.host for t in tasks if t.name == failed.name)}" if args.hostfile else ""
+        sys.stderr.write(f"{PROG} launch: {failed.name}{where} {failed.describe_exit()}; stopped every "
+                         f"task{' on every host' if args.hostfile else ''}\n")
+        code = chief_process.returncode
+        return code if code is not None and code > 0 else 1
+    if chief_process.returncode != 0:
+        return chief_process.returncode
+    if output.summary is None:
+        raise UsageError("the chief finished but printed no summary")
+    summary = dict(output.summary, launch={
+        "num_ps": args.num_ps, "num_workers": args.num_workers, "hostfile": args.hostfile,
+        "ps_hosts": address_list("ps").split(","), "worker_hosts": address_list("worker").split(",")})
+    console.finish(summary, args.summary_json)
     return 0
+
+
+class TaskOutput:
+    """Every task's lines on our stdout, prefixed with [task] or [host task];
+    the chief's JSON summary is kept, not shown (we print our own)."""
+
+    def __init__(self, across_hosts, chief):
+        self.across_hosts, self.chief = across_hosts, chief
+        self.summary = None
+        self._lock = threading.Lock()
+
+    def write(self, process, line):
+        if process.name == self.chief and line.startswith("{"):
+            try:
+                self.summary = json.loads(line)
+                return
+            except ValueError:
+                pass
+        tag = f"{process.host} {process.name}" if self.across_hosts else process.name
+        with self._lock:
+            sys.stdout.write(f"[{tag}] {line}")
+            sys.stdout.flush()
 
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def watch(tasks, chief):
+def watch(running, chief_name):
     """Wait until the chief exits 0 (returns None) or any task fails (returns it)."""
     while True:
-        for task in tasks:
-            status = task.status
+        for name, process in running.items():
+            status = process.poll()
             if status is None:
                 continue
-            if task is chief:
-                return None if status == 0 else chief
+            if name == chief_name:
+                return None if status == 0 else process
             if status != 0:
-                return task
-        time.sleep(0.2)
-
-
-def wait_for_exit(tasks, timeout):
-    deadline = time.monotonic() + timeout
-    while any(t.status is None for t in tasks) and time.monotonic() < deadline:
+                return process
         time.sleep(0.2)

@@ -16,9 +16,6 @@ from collections import defaultdict
 import numpy as np
 import tensorflow as tf
 
-PLACEMENTS = ("round_robin", "greedy", "partitioned")
-
-
 def variable_bytes(op):
     """Bytes of the variable an op (VarHandleOp / VariableV2) creates."""
     shape = tf.TensorShape(op.get_attr("shape"))

@@ -1,10 +1,8 @@
-"""Each worker's end-of-training report, and the chief's final summary built
-from all of them (throughput is every worker's own measurement, never the
-chief's rate times N)."""
+"""Each worker's end-of-training report, which the chief gathers for the
+summary (throughput is every worker's own measurement, never the chief's rate
+times N), and the staleness of async updates."""
 import json
 from dataclasses import asdict, dataclass, field
-
-from workloads.summary import measured_throughput
 
 
 @dataclass
@@ -15,6 +13,7 @@ class WorkerReport:
     loss_sum: float = 0.0        # over the last --log-every steps
     loss_count: float = 0.0
     staleness: list = field(default_factory=lambda: [0, 0, 0])  # [sum, count, max]
+    host: str = ""
 
     def to_json(self):
         return json.dumps(asdict(self))
@@ -39,28 +38,9 @@ class Staleness:
         return [self.total, self.count, self.max]
 
 
-def summary(mode, args, dataset, num_workers, num_ps, reports, global_step, epochs,
-            evaluation, wall_seconds, extra=None):
-    """The final JSON summary, in ring mode's format plus num_ps (and staleness
-    for async). `evaluation` is (correct, loss_sum, samples) on the test split."""
-    correct, test_loss_sum, seen = evaluation
-    loss_count = sum(r.loss_count for r in reports)
-    result = {
-        "mode": mode, "model": args.model, "dataset": args.dataset,
-        "data_source": dataset.source, "world_size": num_workers, "num_ps": num_ps,
-        "steps": int(global_step), "epochs": epochs,
-        "train_loss": sum(r.loss_sum for r in reports) / loss_count if loss_count else None,
-        "test_accuracy": correct / seen if seen else None,
-        "test_loss": test_loss_sum / seen if seen else None,
-        "test_samples": int(seen), "wall_time_sec": wall_seconds,
-        "reporting_workers": sorted(r.task_index for r in reports),
-        **measured_throughput([r.timer for r in reports]),
-        "config": {k: v for k, v in sorted(vars(args).items()) if k != "func"},
-    }
-    if mode in ("ps-async", "ps-tf2"):
-        total = sum(r.staleness[0] for r in reports)
-        count = sum(r.staleness[1] for r in reports)
-        result["staleness_mean"] = total / count if count else 0.0
-        result["staleness_max"] = max((r.staleness[2] for r in reports), default=0)
-    result.update(extra or {})
-    return result
+def staleness_fields(reports):
+    """Async summary fields: mean and max staleness over every reported update."""
+    total = sum(r.staleness[0] for r in reports)
+    count = sum(r.staleness[1] for r in reports)
+    return {"staleness_mean": total / count if count else 0.0,
+            "staleness_max": max((r.staleness[2] for r in reports), default=0)}

@@ -3,19 +3,13 @@ vanished PS or chief into a clear error instead of a silent hang."""
 import os
 import sys
 import threading
-import time
 
-from ps_baseline.cluster import is_listening
-from workloads.errors import UsageError
+from multihost.net import is_listening, wait_for
+from workloads.errors import UsageError, first_line
+from workloads.tfenv import session_config
 
 WATCH_INTERVAL_SEC = 2.0
 WATCH_MISSES = 2  # consecutive failed connects before a peer counts as dead
-
-
-def session_config(tf, threads, device_filters=None, inter_op_threads=None):
-    return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                    inter_op_parallelism_threads=inter_op_threads or threads,
-                                    device_filters=device_filters or [])
 
 
 def start_server(tf, cluster, job_name, task_index, threads, inter_op_threads=None):
@@ -25,9 +19,8 @@ def start_server(tf, cluster, job_name, task_index, threads, inter_op_threads=No
         return tf.distribute.Server(tf.train.ClusterSpec(cluster.as_dict()), job_name=job_name,
                                     task_index=task_index, config=config)
     except (tf.errors.OpError, ValueError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"cannot start the gRPC server of {job_name} task {task_index} "
-                         f"at {address}: {first_line}") from None
+                         f"at {address}: {first_line(e)}") from None
 
 
 def shutdown_queue(tf, ps_index):
@@ -83,11 +76,9 @@ class Watchdog(threading.Thread):
         self._stop_event.set()
 
 
-def wait_for(predicate, timeout, poll=0.5):
-    """Poll predicate() until true or `timeout` seconds pass; returns its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(poll)
+def wait_for_tasks(cluster, job, timeout):
+    """Wait until every task of `job` accepts connections; one line if one does not."""
+    for i, address in enumerate(getattr(cluster, job)):
+        if not wait_for(lambda: is_listening(address), timeout):
+            raise UsageError(f"{job} task {i} at {address} did not come up within {timeout:g}s "
+                             "(--startup-timeout): start it, or check the host lists")

@@ -6,18 +6,18 @@ Here PS and worker tasks only run servers; a separate coordinator task (job
 schedules step functions onto whichever worker is free. Lines that
 distribution adds are marked `# PS:`.
 """
+import socket
 import threading
 import time
 
 from ps_baseline import reports, servers
-from ps_baseline.cluster import wait_until_listening
 from workloads import models, pipeline
+from workloads.console import Console
+from workloads.evaluation import Evaluation, evaluate
 from workloads.optimizers import keras_optimizer
 from workloads.sharding import steps_per_epoch
-from workloads.summary import StepTimer, emit
+from workloads.summary import StepTimer, build_summary
 from workloads.tfenv import import_tensorflow_quietly
-
-EVAL_BATCH = 1000
 
 
 def inter_op_threads(threads):
@@ -43,10 +43,9 @@ def train(args, cluster, dataset):
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads(args.threads))
     num_workers, num_ps = len(cluster.worker), len(cluster.ps)
-    log = lambda msg: print(f"coordinator: {msg}", flush=True)
-    for job in ("ps", "worker"):
-        for i, address in enumerate(getattr(cluster, job)):
-            wait_until_listening(address, f"{job} task {i}", args.startup_timeout)
+    console = Console(prefix="coordinator: ")
+    servers.wait_for_tasks(cluster, "ps", args.startup_timeout)
+    servers.wait_for_tasks(cluster, "worker", args.startup_timeout)
 
     # PS: the strategy places variables on the PS tasks; the coordinator schedules steps.
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -60,54 +59,17 @@ def train(args, cluster, dataset):
     per_epoch = steps_per_epoch(len(dataset.train_labels), num_workers, args.batch_size)
     total_steps = args.steps or per_epoch * args.epochs
     total_updates = total_steps * num_workers  # as v1 async: every worker's batch is one update
-    with strategy.scope():
-        model = models.build(args.model, args.seed, dropout=not args.no_dropout)
-        optimizer = keras_optimizer(args.optimizer, args.lr)
-        optimizer.build(model.trainable_variables)
-        # Keras 3's optimizer.iterations loses increments under async PS: count ourselves.
-        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        stale_sum = tf.Variable(0, dtype=tf.int64, trainable=False, name="staleness_sum")
-        stale_max = tf.Variable(0, dtype=tf.int64, trainable=False, name="staleness_max")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, global_step=global_step)
-    manager = (tf.train.CheckpointManager(checkpoint, args.checkpoint_dir, max_to_keep=3)
-               if args.checkpoint_dir else None)
-    if manager and manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint)
-        log(f"restored {manager.latest_checkpoint} at global step {int(global_step.numpy())}")
+    state = TrainingState(tf, strategy, args)
+    if state.manager and state.manager.latest_checkpoint:
+        state.checkpoint.restore(state.manager.latest_checkpoint)
+        console.line(f"restored {state.manager.latest_checkpoint} at global step {state.steps()}")
+    iterator = iter(coordinator.create_per_worker_dataset(strategy.distribute_datasets_from_function(
+        per_worker_dataset(args, dataset, num_workers, per_epoch, total_steps))))
+    worker_step = make_worker_step(tf, strategy, state, num_workers)
 
-    def per_worker_dataset(context):
-        # PS: each worker reads its own shard, epoch after epoch.
-        rank = context.input_pipeline_id if context else 0
-        epochs = range(-(-total_steps // per_epoch))
-        batches = [pipeline.train_batches(dataset, rank, num_workers, args.batch_size, args.seed, e)
-                   for e in epochs]
-        combined = batches[0]
-        for more in batches[1:]:
-            combined = combined.concatenate(more)
-        return combined.repeat()
-
-    iterator = iter(coordinator.create_per_worker_dataset(
-        strategy.distribute_datasets_from_function(per_worker_dataset)))
-
-    @tf.function
-    def worker_step(iterator):
-        def step(images, labels, weights, global_count):
-            read_step = global_step.read_value()
-            with tf.control_dependencies([read_step]):  # weights are read after the step count
-                with tf.GradientTape() as tape:
-                    loss_sum = tf.reduce_sum(weights * models.per_example_loss(model(images, True), labels))
-                    loss = loss_sum / (global_count / num_workers)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            stale = global_step.assign_add(1) - read_step - 1
-            stale_sum.assign_add(stale)
-            stale_max.assign(tf.maximum(stale_max, stale))
-            return loss_sum, tf.reduce_sum(weights)
-        return strategy.run(step, args=next(iterator))
-
-    done = int(global_step.numpy())
-    log(f"{num_workers} worker(s), {num_ps} ps, {per_epoch} steps/epoch, "
-        f"{total_updates} updates in all, starting at {done}")
+    done = state.steps()
+    console.begin(f"{num_workers} worker(s), {num_ps} ps, {per_epoch} steps/epoch, "
+                  f"{total_updates} updates in all, starting at {done}")
     # The coordinator sees only whole windows, so it times the cluster as one:
     # the first window (tracing) is warm-up, every later one is measured.
     timer, wall_start = StepTimer(warmup_steps=1, window_steps=1), time.perf_counter()
@@ -120,27 +82,81 @@ def train(args, cluster, dataset):
         loss_sum, loss_count = sum(float(v[0]) for v in values), sum(float(v[1]) for v in values)
         timer.step_done(loss_count)
         done += window
-        log(f"global step {int(global_step.numpy())}/{total_updates} loss {loss_sum / max(loss_count, 1):.4f}")
-        if manager and args.checkpoint_every and (done // num_workers) % args.checkpoint_every < args.log_every:
-            manager.save(checkpoint_number=done)
+        console.progress(done, total_updates, f"global step {state.steps()}/{total_updates} "
+                         f"loss {loss_sum / max(loss_count, 1):.4f}", loss_count)
+        if state.manager and args.checkpoint_every and (done // num_workers) % args.checkpoint_every < args.log_every:
+            state.manager.save(checkpoint_number=done)
     wall_seconds = time.perf_counter() - wall_start
-    saved = manager.save(checkpoint_number=int(global_step.numpy())) if manager else None
+    steps = state.steps()
+    saved = state.manager.save(checkpoint_number=steps) if state.manager else None
 
-    correct = test_loss_sum = 0.0
-    for start in range(0, len(dataset.test_labels), EVAL_BATCH):
-        images = pipeline.as_float(dataset.test_images[start:start + EVAL_BATCH])
-        labels = dataset.test_labels[start:start + EVAL_BATCH]
-        logits = model(images, False)
-        correct += float(tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, tf.int32), labels), tf.float32)))
-        test_loss_sum += float(tf.reduce_sum(models.per_example_loss(logits, labels)))
-    steps = int(global_step.numpy())
-    coordinator_report = reports.WorkerReport(
-        -1, steps, timer.report(), loss_sum, loss_count,
-        [int(stale_sum.numpy()), steps, int(stale_max.numpy())])
-    result = reports.summary(
-        "ps-tf2", args, dataset, num_workers, num_ps, [coordinator_report], steps,
-        steps / (num_workers * per_epoch), (correct, test_loss_sum, len(dataset.test_labels)),
-        wall_seconds, {"checkpoint": saved, "api": "tf2", "placement": args.placement,
-                       "throughput_measured_at": "coordinator (all workers as one)"})
-    emit(result, args.summary_json)
+    metrics = lambda images, labels: models.correct_and_loss_sum(state.model(images, False), labels)
+    stale_sum, stale_max = int(state.stale_sum.numpy()), int(state.stale_max.numpy())
+    summary = build_summary(
+        "ps-tf2", args, dataset, world_size=num_workers, steps=steps,
+        epochs=steps / (num_workers * per_epoch), train_loss=loss_sum / loss_count if loss_count else None,
+        evaluation=Evaluation() if models.is_simulated(state.model) else evaluate(metrics, dataset),
+        wall_seconds=wall_seconds, reports=[timer.report()],
+        num_ps=num_ps, reporting_workers=[-1], hosts=[socket.gethostname()], checkpoint=saved, api="tf2",
+        placement=args.placement, throughput_measured_at="coordinator (all workers as one)",
+        **reports.staleness_fields([reports.WorkerReport(-1, steps, {}, staleness=[stale_sum, steps, stale_max])]))
+    console.finish(summary, args.summary_json)
     return 0
+
+
+class TrainingState:
+    """The model, optimizer and counters, created on the PS tasks, and their checkpoint."""
+
+    def __init__(self, tf, strategy, args):
+        with strategy.scope():
+            self.model = models.build(args.model, args.seed, dropout=not args.no_dropout,
+                                       simulate_gpu_ms=args.simulate_gpu)
+            self.optimizer = keras_optimizer(args.optimizer, args.lr)
+            self.optimizer.build(self.model.trainable_variables)
+            # Keras 3's optimizer.iterations loses increments under async PS: count ourselves.
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            self.stale_sum = tf.Variable(0, dtype=tf.int64, trainable=False, name="staleness_sum")
+            self.stale_max = tf.Variable(0, dtype=tf.int64, trainable=False, name="staleness_max")
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                              global_step=self.global_step)
+        self.manager = (tf.train.CheckpointManager(self.checkpoint, args.checkpoint_dir, max_to_keep=3)
+                        if args.checkpoint_dir else None)
+
+    def steps(self):
+        return int(self.global_step.numpy())
+
+
+def per_worker_dataset(args, dataset, num_workers, per_epoch, total_steps):
+    def make(context):
+        # PS: each worker reads its own shard, epoch after epoch.
+        rank = context.input_pipeline_id if context else 0
+        epochs = [pipeline.train_batches(dataset, rank, num_workers, args.batch_size, args.seed, e)
+                  for e in range(-(-total_steps // per_epoch))]
+        combined = epochs[0]
+        for more in epochs[1:]:
+            combined = combined.concatenate(more)
+        return combined.repeat()
+    return make
+
+
+def make_worker_step(tf, strategy, state, num_workers):
+    model, optimizer, global_step = state.model, state.optimizer, state.global_step
+
+    @tf.function
+    def worker_step(iterator):
+        def step(images, labels, weights, global_count):
+            read_step = global_step.read_value()
+            with tf.control_dependencies([read_step]):  # weights are read after the step count
+                with tf.GradientTape() as tape:
+                    loss_sum = tf.reduce_sum(weights * models.per_example_loss(model(images, True), labels))
+                    loss = loss_sum / (global_count / num_workers)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            stale = global_step.assign_add(1) - read_step - 1
+            state.stale_sum.assign_add(stale)
+            state.stale_max.assign(tf.maximum(state.stale_max, stale))
+            return loss_sum, tf.reduce_sum(weights)
+        # PS: runs on whichever worker the coordinator picks; variables live on the PS tasks.
+        return strategy.run(step, args=next(iterator))
+
+    return worker_step

@@ -9,108 +9,158 @@ the variables, writes checkpoints and summaries; the others wait for it.
 Lines that distribution adds are marked `# PS:`.
 """
 import functools
+import socket
 import threading
 import time
-from types import SimpleNamespace
+from dataclasses import dataclass
 
+from multihost.net import wait_for
 from ps_baseline import placement, reports, servers
-from ps_baseline.cluster import wait_until_listening
 from workloads import models
+from workloads.console import Console
 from workloads.errors import UsageError
+from workloads.evaluation import Evaluation, evaluate
+from workloads.optimizers import v1_optimizer
 from workloads.pipeline import as_float
-from workloads.sharding import epoch_shard, eval_shard, steps_per_epoch
-from workloads.summary import StepTimer, emit
-from workloads.tfenv import import_tensorflow_quietly, set_threads
+from workloads.sharding import epoch_shard, steps_per_epoch
+from workloads.summary import StepTimer, build_summary
+from workloads.tfenv import import_tensorflow_quietly, session_config, set_threads
 
 PROG = "ps-baseline"
-EVAL_BATCH = 256
 BOOKKEEPING = "ps_baseline"  # name scope of variables that are not the model's
 
 
-def make_optimizer(tf, name, lr):
-    if name == "sgd":
-        return tf.compat.v1.train.GradientDescentOptimizer(lr)
-    if name == "momentum":
-        return tf.compat.v1.train.MomentumOptimizer(lr, 0.9)
-    return tf.compat.v1.train.AdamOptimizer(lr)
+@dataclass
+class Feeds:
+    """The placeholders one step or one test batch is fed through."""
+    images: object
+    labels: object
+    weights: object
+    global_count: object
+
+    def train_batch(self, dataset, shard, batch, batch_size):
+        rows = slice(batch * batch_size, (batch + 1) * batch_size)
+        idx = shard.indices[rows]
+        return {self.images: as_float(dataset.train_images[idx]), self.labels: dataset.train_labels[idx],
+                self.weights: shard.weights[rows], self.global_count: shard.global_counts[batch]}
+
+
+@dataclass
+class TrainOps:
+    train_op: object
+    loss_sum: object       # this worker's weighted loss sum over its batch
+    count: object          # its real samples
+    read_step: object      # the global step read before the weights
+    applied_step: object   # the global step after this worker's update
+    count_my_step: object  # this worker's own step count, after the update
+    global_step: object
+    worker_steps: list     # every worker's own step count, on the PS
+    optimizer: object
+
+
+@dataclass
+class Coordination:
+    """What the workers say to each other through the PS, outside training."""
+    write_report: object
+    report_text: object
+    reset_reports: object
+    read_reports: list
+    shutdown_ps: list
+    release_workers: object = None  # sync: tokens that free workers still waiting
+    uninitialized: object = None    # non-chief: how many shared variables are not initialised yet
+
+
+@dataclass
+class ReplicaGraph:
+    feeds: Feeds
+    train: TrainOps
+    test_metrics: tuple    # (correct, loss sum) of a test batch
+    coordination: Coordination
+    model_variables: list
+    simulated: bool  # on the simulated accelerator: nothing worth evaluating
 
 
 def build_graph(tf, args, cluster_spec, num_workers, image_shape):
-    """The replica graph of worker args.task_index; returns its handles."""
+    """The replica graph of worker args.task_index."""
     num_ps = cluster_spec.num_tasks("ps")
-    g = SimpleNamespace()
     # PS: variables go to the PS tasks (by --placement), ops stay on this worker.
     with tf.compat.v1.device(placement.device_setter(args.placement, cluster_spec, args.task_index)):
         make_variable = placement.variable_factory(args.placement, num_ps, args.partition_min_bytes)
-        model = models.build(args.model, args.seed, make_variable, dropout=not args.no_dropout)
-        g.model_variables = tf.compat.v1.global_variables()
-        g.global_step = tf.compat.v1.train.get_or_create_global_step()
-        g.images = tf.compat.v1.placeholder(tf.float32, [None, *image_shape], "images")
-        g.labels = tf.compat.v1.placeholder(tf.int32, [None], "labels")
-        g.weights = tf.compat.v1.placeholder(tf.float32, [None], "weights")
-        g.global_count = tf.compat.v1.placeholder(tf.float32, [], "global_count")
-
-        # PS: the model reads its weights after this read of the global step, so
-        # (step after our update - 1 - this) counts the updates that landed in between.
-        g.read_step = tf.identity(g.global_step.read_value())
-        with tf.control_dependencies([g.read_step]):
-            logits = model(g.images, training=True)
-        g.loss_sum = tf.reduce_sum(g.weights * models.per_example_loss(logits, g.labels))
-        g.count = tf.reduce_sum(g.weights)
-        # Normalised by the global batch's mean per-worker share, as in ring mode,
-        # so that averaging the workers' gradients gives the global batch's gradient.
-        loss = g.loss_sum / (g.global_count / num_workers)
-        tf.compat.v1.summary.scalar("train/loss", g.loss_sum / tf.maximum(g.count, 1.0))
-
-        optimizer = make_optimizer(tf, args.optimizer, args.lr)
-        if args.sync:
-            # PS: sync training: wait for K gradients, average them, apply once.
-            optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
-                optimizer, replicas_to_aggregate=args.replicas_to_aggregate or num_workers,
-                total_num_replicas=num_workers)
-        g.optimizer = optimizer
-        g.train_op = optimizer.minimize(loss, global_step=g.global_step)
-        with tf.control_dependencies([g.train_op]):
-            g.applied_step = tf.identity(g.global_step.read_value())
-
-        with tf.compat.v1.variable_scope(BOOKKEEPING):
-            # Each worker's own step count, checkpointed, so a restarted worker
-            # (or a restored cluster) resumes its data where it left off.
-            g.worker_steps = [tf.compat.v1.get_variable(
-                f"worker_steps_{i}", [], tf.int64, tf.zeros_initializer(), trainable=False,
-                use_resource=True) for i in range(num_workers)]
-        # Counted right after the update, on the PS (no round trip through this
-        # worker in between): a worker killed mid-step redoes that batch after a
-        # restart instead of skipping it, and the update is counted exactly once.
-        my_steps = g.worker_steps[args.task_index]
-        with tf.control_dependencies([g.train_op]), tf.compat.v1.colocate_with(my_steps):
-            g.count_my_step = my_steps.assign_add(1)
-
-        eval_logits = model(g.images, training=False)
-        g.eval_correct = tf.reduce_sum(tf.cast(tf.equal(
-            tf.argmax(eval_logits, 1, output_type=tf.int32), g.labels), tf.float32))
-        g.eval_loss_sum = tf.reduce_sum(models.per_example_loss(eval_logits, g.labels))
+        model = models.build(args.model, args.seed, make_variable, dropout=not args.no_dropout,
+                             simulate_gpu_ms=args.simulate_gpu)
+        model_variables = tf.compat.v1.global_variables()
+        feeds = Feeds(tf.compat.v1.placeholder(tf.float32, [None, *image_shape], "images"),
+                      tf.compat.v1.placeholder(tf.int32, [None], "labels"),
+                      tf.compat.v1.placeholder(tf.float32, [None], "weights"),
+                      tf.compat.v1.placeholder(tf.float32, [], "global_count"))
+        train = build_train_ops(tf, args, model, feeds, num_workers)
+        test_metrics = models.correct_and_loss_sum(model(feeds.images, training=False), feeds.labels)
+        uninitialized = None
         if args.task_index != 0:
             # Only the shared (global) variables: local ones are this worker's to initialise.
-            g.uninitialized = tf.size(tf.compat.v1.report_uninitialized_variables(
+            uninitialized = tf.size(tf.compat.v1.report_uninitialized_variables(
                 tf.compat.v1.global_variables()))
+    coordination = build_coordination(tf, args, num_workers, num_ps, train.optimizer)
+    coordination.uninitialized = uninitialized
+    return ReplicaGraph(feeds, train, test_metrics, coordination, model_variables, models.is_simulated(model))
 
+
+def build_train_ops(tf, args, model, feeds, num_workers):
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    # PS: the model reads its weights after this read of the global step, so
+    # (step after our update - 1 - this) counts the updates that landed in between.
+    read_step = tf.identity(global_step.read_value())
+    with tf.control_dependencies([read_step]):
+        logits = model(feeds.images, training=True)
+    loss_sum = tf.reduce_sum(feeds.weights * models.per_example_loss(logits, feeds.labels))
+    count = tf.reduce_sum(feeds.weights)
+    # Normalised by the global batch's mean per-worker share, as in ring mode,
+    # so that averaging the workers' gradients gives the global batch's gradient.
+    loss = loss_sum / (feeds.global_count / num_workers)
+    tf.compat.v1.summary.scalar("train/loss", loss_sum / tf.maximum(count, 1.0))
+
+    optimizer = v1_optimizer(args.optimizer, args.lr)
+    if args.sync:
+        # PS: sync training: wait for K gradients, average them, apply once.
+        optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
+            optimizer, replicas_to_aggregate=args.replicas_to_aggregate or num_workers,
+            total_num_replicas=num_workers)
+    train_op = optimizer.minimize(loss, global_step=global_step)
+    with tf.control_dependencies([train_op]):
+        applied_step = tf.identity(global_step.read_value())
+
+    with tf.compat.v1.variable_scope(BOOKKEEPING):
+        # Each worker's own step count, checkpointed, so a restarted worker
+        # (or a restored cluster) resumes its data where it left off.
+        worker_steps = [tf.compat.v1.get_variable(
+            f"worker_steps_{i}", [], tf.int64, tf.zeros_initializer(), trainable=False,
+            use_resource=True) for i in range(num_workers)]
+    # Counted right after the update, on the PS (no round trip through this
+    # worker in between): a worker killed mid-step redoes that batch after a
+    # restart instead of skipping it, and the update is counted exactly once.
+    my_steps = worker_steps[args.task_index]
+    with tf.control_dependencies([train_op]), tf.compat.v1.colocate_with(my_steps):
+        count_my_step = my_steps.assign_add(1)
+    return TrainOps(train_op, loss_sum, count, read_step, applied_step, count_my_step,
+                    global_step, worker_steps, optimizer)
+
+
+def build_coordination(tf, args, num_workers, num_ps, optimizer):
     with tf.compat.v1.device(f"/job:worker/task:{args.task_index}"):
         # End-of-run reports travel through PS 0, so a chief on another machine
         # still sees every worker's measured throughput. Not checkpointed.
         with tf.compat.v1.device("/job:ps/task:0"):
-            g.report_vars = [tf.compat.v1.Variable("", trainable=False, collections=[],
-                                                   use_resource=True, name=f"{BOOKKEEPING}/report_{i}")
-                             for i in range(num_workers)]
-        g.report_text = tf.compat.v1.placeholder(tf.string, [])
-        g.write_report = g.report_vars[args.task_index].assign(g.report_text)
-        g.reset_reports = tf.group(*[v.initializer for v in g.report_vars])
-        g.read_reports = [v.read_value() for v in g.report_vars]
-        g.shutdown_ps = [servers.shutdown_queue(tf, i).enqueue(1) for i in range(num_ps)]
-        if args.sync:
+            report_vars = [tf.compat.v1.Variable("", trainable=False, collections=[], use_resource=True,
+                                                 name=f"{BOOKKEEPING}/report_{i}")
+                           for i in range(num_workers)]
+        report_text = tf.compat.v1.placeholder(tf.string, [])
+        return Coordination(
+            write_report=report_vars[args.task_index].assign(report_text), report_text=report_text,
+            reset_reports=tf.group(*[v.initializer for v in report_vars]),
+            read_reports=[v.read_value() for v in report_vars],
+            shutdown_ps=[servers.shutdown_queue(tf, i).enqueue(1) for i in range(num_ps)],
             # PS: after the last update, tokens that free any worker still waiting for one.
-            g.release_workers = optimizer.get_init_tokens_op(num_tokens=num_workers)
-    return g
+            release_workers=optimizer.get_init_tokens_op(num_tokens=num_workers) if args.sync else None)
 
 
 def train(args, cluster, dataset):
@@ -120,45 +170,28 @@ def train(args, cluster, dataset):
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
     task, is_chief = args.task_index, args.task_index == 0
     num_workers, num_ps = len(cluster.worker), len(cluster.ps)
-    log = lambda msg: print(f"worker {task}: {msg}", flush=True)
+    console = Console(prefix=f"worker {task}: ", bar=False if not is_chief else None)
 
     # PS: this task's gRPC server; the session below runs through it.
     server = servers.start_server(tf, cluster, "worker", task, args.threads)
-    for i, address in enumerate(cluster.ps):
-        wait_until_listening(address, f"ps task {i}", args.startup_timeout)
-
+    servers.wait_for_tasks(cluster, "ps", args.startup_timeout)
     per_epoch = steps_per_epoch(len(dataset.train_labels), num_workers, args.batch_size)
     total_steps = args.steps or per_epoch * args.epochs
     g = build_graph(tf, args, tf.train.ClusterSpec(cluster.as_dict()), num_workers,
                     dataset.train_images.shape[1:])
-    hooks = []
-    if args.sync:
-        quiet_cancelled_queue_runners(tf)
-        # PS: the chief runs the queue that applies aggregated updates.
-        hooks.append(g.optimizer.make_session_run_hook(is_chief, num_tokens=0))
     if is_chief and args.show_placement:
-        print(placement.format_table(*placement.describe(g.model_variables), args.placement), flush=True)
+        console.line(placement.format_table(*placement.describe(g.model_variables), args.placement))
 
-    config = servers.session_config(tf, args.threads, ["/job:ps", f"/job:worker/task:{task}"])
+    config = session_config(tf, args.threads, ["/job:ps", f"/job:worker/task:{task}"])
     restoring = args.checkpoint_dir and tf.train.latest_checkpoint(args.checkpoint_dir)
     if is_chief:
-        log(f"{'restoring ' + restoring if restoring else 'initialising the variables'}; "
-            f"{'sync' if args.sync else 'async'}, {num_workers} worker(s), {num_ps} ps, "
-            f"placement {args.placement}, {per_epoch} steps/epoch, {total_steps} steps per worker")
+        console.begin(f"{'restoring ' + restoring if restoring else 'initialising the variables'}; "
+                      f"{'sync' if args.sync else 'async'}, {num_workers} worker(s), {num_ps} ps, "
+                      f"placement {args.placement}, {per_epoch} steps/epoch, {total_steps} steps per worker")
     else:
-        log("waiting for the chief to initialise the variables")
+        console.begin("waiting for the chief to initialise the variables")
         wait_for_chief(tf, server, g, config, args.startup_timeout, cluster.worker[0])
-    checkpoint_options = ({"save_checkpoint_steps": args.checkpoint_every, "save_checkpoint_secs": None}
-                          if args.checkpoint_every else {"save_checkpoint_secs": 600})
-    try:
-        session = tf.compat.v1.train.MonitoredTrainingSession(
-            master=server.target, is_chief=is_chief, checkpoint_dir=args.checkpoint_dir,
-            hooks=hooks, config=config, max_wait_secs=args.startup_timeout,
-            save_summaries_steps=args.log_every, log_step_count_steps=0,
-            stop_grace_period_secs=3, **checkpoint_options)
-    except tf.errors.DeadlineExceededError:
-        raise UsageError(f"the chief (worker 0 at {cluster.worker[0]}) did not initialise the "
-                         f"variables within {args.startup_timeout:g}s (--startup-timeout): start it") from None
+    session = open_session(tf, args, server, g, config, is_chief, cluster)
 
     peers = [(f"ps task {i}", a) for i, a in enumerate(cluster.ps)]
     if not is_chief:
@@ -170,74 +203,109 @@ def train(args, cluster, dataset):
         raw = lambda fetches, feed=None: session.run_step_fn(
             lambda step_context: step_context.session.run(fetches, feed))
         if is_chief:
-            raw(g.reset_reports)
-        local_step, global_step = raw([g.worker_steps[task], g.global_step])
-        if local_step:
-            log(f"resuming at my step {local_step}, global step {global_step}")
-        timer, staleness = StepTimer(), reports.Staleness()
-        window_loss = window_count = 0.0
+            raw(g.coordination.reset_reports)
         wall_start = time.perf_counter()
-
-        def finished():
-            # Sync: the cluster's update count decides; async: each worker does its share.
-            return global_step >= total_steps if args.sync else local_step >= total_steps
-
-        shard_of_epoch = functools.lru_cache(maxsize=1)(
-            lambda epoch: epoch_shard(len(dataset.train_labels), task, num_workers,
-                                      args.batch_size, args.seed, epoch))
-        while not finished() and not session.should_stop():
-            epoch, batch = divmod(local_step, per_epoch)
-            shard = shard_of_epoch(epoch)  # one permutation per epoch, not per step
-            rows = slice(batch * args.batch_size, (batch + 1) * args.batch_size)
-            idx = shard.indices[rows]
-            feed = {g.images: as_float(dataset.train_images[idx]), g.labels: dataset.train_labels[idx],
-                    g.weights: shard.weights[rows], g.global_count: shard.global_counts[batch]}
-            _, loss_sum, count, read_step, global_step, local_step = session.run(
-                [g.train_op, g.loss_sum, g.count, g.read_step, g.applied_step, g.count_my_step], feed)
-            timer.step_done(float(count))
-            staleness.add(read_step, global_step)
-            window_loss, window_count = window_loss + loss_sum, window_count + count
-            if local_step % args.log_every == 0 or finished():
-                log(f"epoch {epoch + 1} step {local_step}/{total_steps} global step {global_step} "
-                    f"loss {window_loss / max(window_count, 1):.4f}")
-                if not finished():
-                    window_loss = window_count = 0.0
-
-        report = reports.WorkerReport(task, int(local_step), timer.report(), float(window_loss),
-                                      float(window_count), staleness.as_list())
-        raw(g.write_report, {g.report_text: report.to_json()})
+        report = run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch, num_workers)
+        raw(g.coordination.write_report, {g.coordination.report_text: report.to_json()})
         if not is_chief:
             watchdog.stop()
-            log(f"done after {local_step} steps")
+            console.line(f"done after {report.local_steps} steps")
             return 0
-
-        # The chief: free sync stragglers, wait for every report, then evaluate.
-        if args.sync:
-            raw(g.release_workers)
-        deadline = time.monotonic() + args.report_timeout
-        while not all(texts := raw(g.read_reports)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if not all(texts):
-            missing = [i for i, t in enumerate(texts) if not t]
-            log(f"no report from worker(s) {missing} after {args.report_timeout:g}s "
-                "(--report-timeout); summarising without them")
-        worker_reports = [reports.WorkerReport.from_json(t.decode()) for t in texts if t]
+        worker_reports = gather_reports(raw, g, args.sync, args.report_timeout, console)
         wall_seconds = time.perf_counter() - wall_start
-        global_step = raw(g.global_step)
-        evaluation = evaluate(raw, g, dataset)
+        global_step = raw(g.train.global_step)
+        evaluation = Evaluation() if g.simulated else evaluate(lambda images, labels: raw(
+            g.test_metrics, {g.feeds.images: images, g.feeds.labels: labels}), dataset)
 
-    checkpoint = tf.train.latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
     watchdog.stop()
     samples_per_update = (args.replicas_to_aggregate or num_workers) if args.sync else 1
-    result = reports.summary(
-        "ps-sync" if args.sync else "ps-async", args, dataset, num_workers, num_ps, worker_reports,
-        global_step, global_step * samples_per_update / (num_workers * per_epoch), evaluation,
-        wall_seconds, {"checkpoint": checkpoint, "api": "v1", "placement": args.placement})
-    emit(result, args.summary_json)
+    mode = "ps-sync" if args.sync else "ps-async"
+    loss_count = sum(r.loss_count for r in worker_reports)
+    summary = build_summary(
+        mode, args, dataset, world_size=num_workers, steps=global_step,
+        epochs=global_step * samples_per_update / (num_workers * per_epoch),
+        train_loss=sum(r.loss_sum for r in worker_reports) / loss_count if loss_count else None,
+        evaluation=evaluation, wall_seconds=wall_seconds, reports=[r.timer for r in worker_reports],
+        num_ps=num_ps, reporting_workers=sorted(r.task_index for r in worker_reports),
+        hosts=[r.host for r in sorted(worker_reports, key=lambda r: r.task_index)],
+        checkpoint=tf.train.latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None,
+        api="v1", placement=args.placement,
+        **(reports.staleness_fields(worker_reports) if mode == "ps-async" else {}))
+    console.finish(summary, args.summary_json)
     # PS: training is over; let the PS tasks exit instead of joining forever.
     with tf.compat.v1.Session(server.target, config=config) as sess:
-        sess.run(g.shutdown_ps)
+        sess.run(g.coordination.shutdown_ps)
     return 0
+
+
+def open_session(tf, args, server, g, config, is_chief, cluster):
+    hooks = []
+    if args.sync:
+        quiet_cancelled_queue_runners(tf)
+        # PS: the chief runs the queue that applies aggregated updates.
+        hooks.append(g.train.optimizer.make_session_run_hook(is_chief, num_tokens=0))
+    checkpoint_options = ({"save_checkpoint_steps": args.checkpoint_every, "save_checkpoint_secs": None}
+                          if args.checkpoint_every else {"save_checkpoint_secs": 600})
+    try:
+        # PS: the chief initialises or restores the variables and checkpoints them.
+        return tf.compat.v1.train.MonitoredTrainingSession(
+            master=server.target, is_chief=is_chief, checkpoint_dir=args.checkpoint_dir,
+            hooks=hooks, config=config, max_wait_secs=args.startup_timeout,
+            save_summaries_steps=args.log_every, log_step_count_steps=0,
+            stop_grace_period_secs=3, **checkpoint_options)
+    except tf.errors.DeadlineExceededError:
+        raise UsageError(f"the chief (worker 0 at {cluster.worker[0]}) did not initialise the "
+                         f"variables within {args.startup_timeout:g}s (--startup-timeout): start it") from None
+
+
+def run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch, num_workers):
+    """This worker's share of training; returns its report."""
+    task, ops = args.task_index, g.train
+    local_step, global_step = raw([ops.worker_steps[task], ops.global_step])
+    if local_step:
+        console.line(f"resuming at my step {local_step}, global step {global_step}")
+    timer, staleness = StepTimer(), reports.Staleness()
+    window_loss = window_count = 0.0
+
+    def finished():
+        # Sync: the cluster's update count decides; async: each worker does its share.
+        return global_step >= total_steps if args.sync else local_step >= total_steps
+
+    shard_of_epoch = functools.lru_cache(maxsize=1)(
+        lambda epoch: epoch_shard(len(dataset.train_labels), task, num_workers, args.batch_size,
+                                  args.seed, epoch))
+    while not finished() and not session.should_stop():
+        epoch, batch = divmod(local_step, per_epoch)
+        feed = g.feeds.train_batch(dataset, shard_of_epoch(epoch), batch, args.batch_size)
+        _, loss_sum, count, read_step, global_step, local_step = session.run(
+            [ops.train_op, ops.loss_sum, ops.count, ops.read_step, ops.applied_step, ops.count_my_step], feed)
+        timer.step_done(float(count))
+        staleness.add(read_step, global_step)
+        window_loss, window_count = window_loss + loss_sum, window_count + count
+        if local_step % args.log_every == 0 or finished():
+            console.progress(local_step, total_steps, f"epoch {epoch + 1} step {local_step}/{total_steps} "
+                             f"global step {global_step} loss {window_loss / max(window_count, 1):.4f}")
+            if not finished():
+                window_loss = window_count = 0.0
+    return reports.WorkerReport(task, int(local_step), timer.report(), float(window_loss),
+                                float(window_count), staleness.as_list(), socket.gethostname())
+
+
+def gather_reports(raw, g, sync, timeout, console):
+    """The chief, after its own steps: free sync stragglers, then wait for every report."""
+    if sync:
+        raw(g.coordination.release_workers)
+
+    def every_report():
+        texts = raw(g.coordination.read_reports)
+        return texts if all(texts) else None
+
+    texts = wait_for(every_report, timeout, poll=0.5) or raw(g.coordination.read_reports)
+    missing = [i for i, t in enumerate(texts) if not t]
+    if missing:
+        console.line(f"no report from worker(s) {missing} after {timeout:g}s "
+                     "(--report-timeout); summarising without them")
+    return [reports.WorkerReport.from_json(t.decode()) for t in texts if t]
 
 
 def quiet_cancelled_queue_runners(tf):
@@ -257,18 +325,6 @@ def wait_for_chief(tf, server, g, config, timeout, chief_address):
     """Poll every half second until the chief has initialised the variables
     (MonitoredTrainingSession's own wait re-checks only every 30 s)."""
     with tf.compat.v1.Session(server.target, config=config) as sess:
-        if not servers.wait_for(lambda: sess.run(g.uninitialized) == 0, timeout):
+        if not wait_for(lambda: sess.run(g.coordination.uninitialized) == 0, timeout, poll=0.5):
             raise UsageError(f"the chief (worker 0 at {chief_address}) did not initialise the "
                              f"variables within {timeout:g}s (--startup-timeout): start it")
-
-
-def evaluate(run, g, dataset):
-    """(correct, loss sum, samples) over the whole test split, on the final weights."""
-    correct = loss_sum = 0.0
-    idx = eval_shard(len(dataset.test_labels), 0, 1)
-    for start in range(0, len(idx), EVAL_BATCH):
-        rows = idx[start:start + EVAL_BATCH]
-        c, l = run([g.eval_correct, g.eval_loss_sum],
-                   {g.images: as_float(dataset.test_images[rows]), g.labels: dataset.test_labels[rows]})
-        correct, loss_sum = correct + float(c), loss_sum + float(l)
-    return correct, loss_sum, len(idx)

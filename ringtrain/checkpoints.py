@@ -11,7 +11,7 @@ resume on a different rank count continues at the same point of the data.
 import os
 from dataclasses import dataclass
 
-from workloads.errors import UsageError
+from workloads.errors import UsageError, first_line
 
 
 @dataclass
@@ -60,8 +60,7 @@ class Checkpoints:
         try:
             self._ckpt.restore(path).assert_existing_objects_matched()
         except (self._tf.errors.OpError, AssertionError, ValueError) as e:
-            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UsageError(f"cannot restore checkpoint {path}: {first_line}") from None
+            raise UsageError(f"cannot restore checkpoint {path}: {first_line(e)}") from None
         return Progress(**{k: int(v.numpy()) for k, v in self._progress.items()})
 
     def _resolve(self, source):

@@ -1,24 +1,16 @@
 """Horovod's knobs and the learning-rate recipe, mapped from ringtrain's flags."""
 import os
 
-
-def yield_when_idle():
-    """OpenMPI busy-polls while a rank waits in a collective; Horovod's
-    background thread waits in one every cycle. On CPU ranks that share
-    cores with TF's compute, that spinning steals the compute's time."""
-    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+from workloads.horovod_env import MPI_YIELD_WHEN_IDLE, knob_env
 
 
 def apply_before_init(args):
     """Horovod and MPI read these from the environment in hvd.init()."""
     if not args.mpi_busy_wait:
-        yield_when_idle()
-    if args.fusion_threshold_mb is not None:
-        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
-    if args.cycle_time_ms is not None:
-        os.environ["HOROVOD_CYCLE_TIME"] = str(args.cycle_time_ms)
-    if args.timeline:
-        os.environ["HOROVOD_TIMELINE"] = os.path.abspath(args.timeline)
+        for name, value in MPI_YIELD_WHEN_IDLE.items():
+            os.environ.setdefault(name, value)  # a user's own setting wins
+    os.environ.update(knob_env(args.cycle_time_ms, args.fusion_threshold_mb,
+                               os.path.abspath(args.timeline) if args.timeline else None))
 
 
 def learning_rate_schedule(args, size, steps_per_epoch):

@@ -1,44 +1,88 @@
 """Synchronous data-parallel training over Horovod's ring-allreduce.
 
 Reads top to bottom like Horovod's examples/tensorflow2 scripts; every line
-that distribution adds is marked `# Horovod:`.
+that distribution adds is marked `# Horovod:`. What rank 0 alone does (the
+console, TensorBoard, checkpoints) is in ringtrain/chief.py.
 """
-import sys
+import socket
 import time
 
 import numpy as np
 
-from ringtrain import checkpoints, knobs
+from ringtrain import knobs
+from ringtrain.chief import Chief
 from workloads import models, pipeline
+from workloads.evaluation import Evaluation, evaluate
 from workloads.optimizers import keras_optimizer
 from workloads.sharding import steps_per_epoch
-from workloads.summary import StepTimer, emit, measured_throughput
+from workloads.summary import StepTimer, build_summary
 from workloads.tfenv import set_threads
 
 
 def train(args, dataset):
-    knobs.apply_before_init(args)  # fusion buffer, cycle time, timeline: read by hvd.init
+    knobs.apply_before_init(args)  # MPI yield, fusion buffer, cycle time, timeline: read by hvd.init
     import horovod.tensorflow as hvd
-    import tensorflow as tf
 
     # Horovod: initialise; rank, size and local rank come from whoever launched us.
     hvd.init()
     set_threads(args.threads)
-    is_chief = hvd.rank() == 0  # gates logging, summaries and checkpoints
-    log = say if is_chief else (lambda line: None)
-
     # Horovod: pin each rank to one GPU by local rank, where there are GPUs.
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
-        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    pin_gpu(hvd.local_rank())
 
-    model = models.build(args.model, seed=args.seed, dropout=not args.no_dropout)
+    model = models.build(args.model, seed=args.seed, dropout=not args.no_dropout,
+                         simulate_gpu_ms=args.simulate_gpu)
     optimizer = keras_optimizer(args.optimizer, args.lr)
     optimizer.build(model.trainable_variables)
     per_epoch = steps_per_epoch(len(dataset.train_labels), hvd.size(), args.batch_size)
+    # Horovod: the lr grows with the rank count, after a warm-up.
     lr_at = knobs.learning_rate_schedule(args, hvd.size(), per_epoch)
+    train_step = make_train_step(args, hvd, model, optimizer)
+    chief = Chief(args, model, optimizer, hvd.rank() == 0, per_epoch, hvd.size())
 
+    # Horovod: every rank starts from rank 0's weights, optimizer state and progress.
+    progress = hvd.broadcast_object(chief.restore(), root_rank=0)
+    hvd.broadcast_variables(list(model.variables) + list(optimizer.variables), root_rank=0)
+
+    step, skip = progress.step, progress.batches_done(hvd.size(), args.batch_size)
+    total_steps = args.steps or progress.step + (args.epochs - progress.epoch) * per_epoch - skip
+    chief.console.begin(f"ringtrain: {args.model} on {dataset.source} ({len(dataset.train_labels)} train, "
+                        f"{len(dataset.test_labels)} test), {hvd.size()} rank(s) x batch {args.batch_size}, "
+                        f"{per_epoch} steps/epoch, steps {step}..{total_steps}")
+    # Horovod: each rank reads its own disjoint shard of every epoch.
+    batches = pipeline.batches_from(dataset, hvd.rank(), hvd.size(), args.batch_size, args.seed,
+                                    progress.epoch, skip, args.threads)
+    timer, losses, wall_start = StepTimer(), LossWindow(), time.perf_counter()
+    epoch = done_in_epoch = None
+    for step, (epoch, done_in_epoch, batch) in zip(range(step + 1, total_steps + 1), batches):
+        optimizer.learning_rate.assign(lr_at(step - 1))
+        loss_sum, samples = train_step(*batch)
+        timer.step_done(float(samples))
+        losses.add(loss_sum, samples)
+        if step % args.log_every == 0 or step == total_steps:
+            # Horovod: the logged loss is the mean over every rank's samples.
+            chief.log_step(step, total_steps, epoch, *losses.global_mean(hvd), lr_at(step - 1))
+        chief.checkpoint(step, epoch, done_in_epoch)
+    wall_seconds = time.perf_counter() - wall_start
+
+    evaluation = Evaluation() if models.is_simulated(model) else global_evaluation(hvd, model, dataset)
+    # Horovod: every rank's own timing; the global rate is measured, never rank 0 x N.
+    reports = hvd.allgather_object(timer.report())
+    hosts = hvd.allgather_object(socket.gethostname())
+    if epoch is not None:
+        chief.checkpoint(step, epoch, done_in_epoch, final=True)
+    chief.test_scalars(step, evaluation)
+    summary = build_summary(
+        "ring", args, dataset, world_size=hvd.size(), steps=step, epochs=step / per_epoch,
+        train_loss=losses.last, evaluation=evaluation, wall_seconds=wall_seconds, reports=reports,
+        controller="mpi" if hvd.mpi_enabled() else "gloo", hosts=hosts, checkpoint=chief.ckpt.latest)
+    chief.console.finish(summary, args.summary_json)
+    if args.dump_weights:
+        np.savez(args.dump_weights.format(rank=hvd.rank()), *[v.numpy() for v in model.variables])
+    return 0
+
+
+def make_train_step(args, hvd, model, optimizer):
+    import tensorflow as tf
     # Horovod: fp16 compression and Adasum are options; Average is the default.
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     reduce_op = hvd.Adasum if args.adasum else hvd.Average
@@ -57,104 +101,41 @@ def train(args, dataset):
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss_sum, tf.reduce_sum(weights)
 
-    @tf.function
-    def eval_step(images, labels):
-        logits = model(images, False)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, tf.int32), labels), tf.float64))
-        return correct, tf.reduce_sum(tf.cast(models.per_example_loss(logits, labels), tf.float64))
+    return train_step
 
-    ckpt = checkpoints.Checkpoints(args.checkpoint_dir, model, optimizer, keep=args.keep_checkpoints)
-    progress = ckpt.restore(args.resume) if is_chief and args.resume else checkpoints.Progress()
-    # Horovod: every rank starts from rank 0's weights, optimizer state and progress.
-    hvd.broadcast_variables(list(model.variables) + list(optimizer.variables), root_rank=0)
-    progress = hvd.broadcast_object(progress, root_rank=0)
 
-    step, epoch = progress.step, progress.epoch
-    done_in_epoch = progress.batches_done(hvd.size(), args.batch_size)
-    total_steps = args.steps or step + (args.epochs - epoch) * per_epoch - done_in_epoch
-    writer = tf.summary.create_file_writer(args.log_dir) if is_chief and args.log_dir else None
-    log(f"ringtrain: {args.model} on {dataset.source} ({len(dataset.train_labels)} train, "
-        f"{len(dataset.test_labels)} test), {hvd.size()} rank(s) x batch {args.batch_size}, "
-        f"{per_epoch} steps/epoch, steps {step}..{total_steps}")
-
-    timer, losses, wall_start = StepTimer(), LossWindow(), time.perf_counter()
-    while step < total_steps:
-        for images, labels, weights, count in pipeline.train_batches(
-                dataset, hvd.rank(), hvd.size(), args.batch_size, args.seed, epoch, done_in_epoch,
-                args.threads):
-            optimizer.learning_rate.assign(lr_at(step))
-            loss_sum, samples = train_step(images, labels, weights, count)
-            step, done_in_epoch = step + 1, done_in_epoch + 1
-            timer.step_done(float(samples))
-            losses.add(loss_sum, samples)
-            if step % args.log_every == 0 or step == total_steps:
-                # Horovod: the logged loss is the mean over every rank's samples.
-                mean_loss = losses.global_mean(hvd)
-                log(f"epoch {epoch + 1} step {step}/{total_steps} loss {mean_loss:.4f} "
-                    f"lr {lr_at(step - 1):.3g}")
-                if writer:
-                    with writer.as_default(step=step):
-                        tf.summary.scalar("train/loss", mean_loss)
-                        tf.summary.scalar("train/learning_rate", lr_at(step - 1))
-            if is_chief and args.checkpoint_dir and step % args.checkpoint_every == 0:
-                ckpt.save(checkpoints.Progress.at(step, epoch, done_in_epoch, per_epoch,
-                                                  hvd.size(), args.batch_size))
-            if step >= total_steps:
-                break
-        if done_in_epoch >= per_epoch:
-            epoch, done_in_epoch = epoch + 1, 0
-    wall_seconds = time.perf_counter() - wall_start
-    train_loss = losses.global_mean(hvd)
-
+def global_evaluation(hvd, model, dataset):
+    """Each rank evaluates its share of the test split; the counts are summed."""
+    import tensorflow as tf
+    metrics = tf.function(lambda images, labels: models.correct_and_loss_sum(model(images, False), labels),
+                          reduce_retracing=True)
+    mine = evaluate(metrics, dataset, hvd.rank(), hvd.size())
     # Horovod: a true global accuracy sums correct and total counts over ranks.
-    totals = np.zeros(3)
-    for images, labels in pipeline.eval_batches(dataset, hvd.rank(), hvd.size(), 256, args.threads):
-        correct, loss_sum = eval_step(images, labels)
-        totals += [float(correct), float(loss_sum), len(labels)]
-    correct, test_loss_sum, seen = hvd.allreduce(tf.constant(totals), op=hvd.Sum).numpy()
-    # Horovod: gather every rank's own timing; the global rate is measured, never rank 0 x N.
-    reports = hvd.allgather_object(timer.report())
-
-    if is_chief:
-        if args.checkpoint_dir:
-            ckpt.save(checkpoints.Progress.at(step, epoch, done_in_epoch, per_epoch,
-                                              hvd.size(), args.batch_size))
-        if writer:
-            with writer.as_default(step=step):
-                tf.summary.scalar("test/accuracy", correct / seen)
-                tf.summary.scalar("test/loss", test_loss_sum / seen)
-            writer.flush()
-        emit({"mode": "ring", "model": args.model, "dataset": args.dataset,
-              "data_source": dataset.source, "world_size": hvd.size(),
-              "controller": "mpi" if hvd.mpi_enabled() else "gloo",
-              "steps": step, "epochs": step / per_epoch, "train_loss": train_loss,
-              "test_accuracy": correct / seen, "test_loss": test_loss_sum / seen,
-              "test_samples": int(seen), "wall_time_sec": wall_seconds,
-              "checkpoint": ckpt.latest, **measured_throughput(reports),
-              "config": dict(sorted(vars(args).items()))}, args.summary_json)
-    if args.dump_weights:
-        np.savez(args.dump_weights.format(rank=hvd.rank()),
-                 *[v.numpy() for v in model.variables])
-    return 0
+    total = hvd.allreduce(tf.constant([mine.correct, mine.loss_sum, mine.samples], tf.float64),
+                          op=hvd.Sum).numpy()
+    return Evaluation(float(total[0]), float(total[1]), int(total[2]))
 
 
-def say(line):
-    # One write per line: launchers that prefix ranks' output split partial writes.
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+def pin_gpu(local_rank):
+    import tensorflow as tf
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        tf.config.experimental.set_memory_growth(gpus[local_rank], True)
+        tf.config.set_visible_devices(gpus[local_rank], "GPU")
 
 
 class LossWindow:
     """This rank's weighted-loss sum and sample count since the last global mean."""
 
     def __init__(self):
-        self.loss_sum, self.count, self.last = 0.0, 0.0, float("nan")
+        self.loss_sum, self.count, self.last = 0.0, 0.0, None
 
     def add(self, loss_sum, count):
         self.loss_sum += float(loss_sum)
         self.count += float(count)
 
     def global_mean(self, hvd):
+        """(mean loss over every rank's samples since the last call, those samples)."""
         import tensorflow as tf
         # Horovod: one small allreduce per log line, not one per step.
         total, count = hvd.allreduce(tf.constant([self.loss_sum, self.count], tf.float64),
@@ -162,4 +143,4 @@ class LossWindow:
         if count > 0:
             self.last = float(total / count)
         self.loss_sum = self.count = 0.0
-        return self.last
+        return self.last, float(count)

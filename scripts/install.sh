@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything ringtrain needs into ./.venv, idempotently:
-#   OpenMPI (apt, only when mpirun is missing), TensorFlow 2.21, mpi4py,
+#   OpenMPI, iproute2 and openssh (apt, only when missing), TensorFlow 2.21, mpi4py,
 #   ringtrain itself (editable) and Horovod 0.28.1 built from the PyPI sdist
 #   with patches/horovod-0.28.1/*.patch applied.
 # A second run with nothing changed takes a few seconds: pip is skipped by a
@@ -20,18 +20,34 @@ GPU=${GPU:-0}
 CACHE=${RINGTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ringtrain}
 say() { echo "[install] $*"; }
 
-# --- 1. OpenMPI and the build tools Horovod needs ---------------------------
+# --- 1. OpenMPI, the build tools Horovod needs, and the simulated cluster's tools
+has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
 apt_pkgs=()
-command -v mpirun >/dev/null 2>&1 && command -v mpicc >/dev/null 2>&1 || apt_pkgs+=(openmpi-bin libopenmpi-dev)
+has mpirun && has mpicc || apt_pkgs+=(openmpi-bin libopenmpi-dev)
 # System CMake 3.x: PyPI's cmake 4 rejects gloo's CMakeLists.
-command -v cmake >/dev/null 2>&1 || apt_pkgs+=(cmake)
-command -v g++ >/dev/null 2>&1 || apt_pkgs+=(g++)
-command -v patch >/dev/null 2>&1 || apt_pkgs+=(patch)
+has cmake || apt_pkgs+=(cmake)
+has g++ || apt_pkgs+=(g++)
+has patch || apt_pkgs+=(patch)
+# ringtrain-cluster: namespaces and tc (iproute2), one sshd per simulated host, nsenter.
+has ip && has tc || apt_pkgs+=(iproute2)
+has sshd || apt_pkgs+=(openssh-server)
+has ssh && has ssh-keygen || apt_pkgs+=(openssh-client)
+has nsenter || apt_pkgs+=(util-linux)
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
     say "installing ${apt_pkgs[*]} with apt"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    # openssh-server is wanted for its sshd binary only: while apt runs, a policy-rc.d
+    # (Debian's switch for this) keeps it from starting a system sshd on port 22.
+    policy=/usr/sbin/policy-rc.d; ours=""
+    if [ ! -e "$policy" ]; then
+        ours=$policy
+        trap '$SUDO rm -f "$ours"' EXIT
+        printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+        $SUDO chmod +x "$policy"
+    fi
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_pkgs[@]}" >/dev/null
+    if [ -n "$ours" ]; then $SUDO rm -f "$ours"; trap - EXIT; fi
 fi
 
 # --- 2. virtualenv and Python packages ------------------------------------

@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from conftest import BIN, REPO, json_in, run_ok
+from helpers import BIN, REPO, json_in, run_ok
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
 def test_doctor_finds_tensorflow_mpi_and_gloo():

@@ -3,19 +3,13 @@ import socket
 
 import pytest
 
-from conftest import run
-from ps_cluster import PS_BASELINE, TINY, hosts, task_args
+from helpers import PS_BASELINE, TINY, assert_one_line_error as one_line_error, hosts, task_args
 
 FAST = 10  # seconds: these fail before TensorFlow is imported
 
 
 def assert_one_line_error(cmd, expected, within=FAST):
-    code, out, err, seconds = run(cmd, timeout=within + 30)
-    lines = err.strip().splitlines()
-    assert code == 2, f"exit {code}\n{out}\n{err}"
-    assert len(lines) == 1, err
-    assert expected in lines[0], lines[0]
-    assert seconds < within, f"took {seconds:.1f}s"
+    one_line_error(cmd, expected, within, code=2)
 
 
 @pytest.mark.timeout(60)

@@ -4,8 +4,7 @@ import re
 
 import pytest
 
-from conftest import last_json, run_ok
-from ps_cluster import PS_BASELINE, TINY
+from helpers import PS_BASELINE, TINY, last_json, run_ok
 
 
 def placed(placement, num_ps=2, model="mnist_mlp"):
@@ -47,6 +46,7 @@ def test_partitioned_splits_big_variables_over_every_ps():
     assert "dense_1/bias" in where and "logits/kernel" in where  # small ones stay whole
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_partitioned_training_on_real_servers_shows_its_placement():
     out = run_ok([*PS_BASELINE, "launch", "--num-ps", "2", "--num-workers", "1", "--placement",

@@ -1,13 +1,13 @@
 """The reference ring-allreduce equals MPI_Allreduce: exactly on integers,
 within tolerance on floats, for any N and sizes that do not divide evenly."""
 import os
-import subprocess
 import sys
 
 import pytest
 
-from bench.launch import child_env, end_tree, mpirun
+from bench.launch import child_env, mpirun
 from bench.ring_reference import chunk_bounds
+from helpers import run
 
 
 @pytest.mark.parametrize("count,size", [(0, 3), (1, 4), (10, 3), (12, 4), (7, 7), (1000, 6)])
@@ -20,15 +20,11 @@ def test_chunks_cover_the_buffer_once_and_differ_by_at_most_one(count, size):
     assert max(lengths) - min(lengths) <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_ring_allreduce_equals_mpi_allreduce(ranks):
     cmd = mpirun(ranks, [sys.executable, "-m", "bench.ring_reference"], cores=os.cpu_count() or 1)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=child_env(), start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=100)
-    finally:
-        end_tree(proc)
-    assert proc.returncode == 0, out[-3000:]
-    assert f"ring_allreduce == MPI_Allreduce on {ranks} ranks" in out
+    done = run(cmd, timeout=100, env=child_env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"ring_allreduce == MPI_Allreduce on {ranks} ranks" in done.stdout

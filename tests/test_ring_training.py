@@ -1,21 +1,15 @@
 """Ring mode under real launchers: correctness, identical ranks, every launch path."""
 import os
 
-import numpy as np
 import pytest
 
-from conftest import ONE_THREAD, REPO, horovodrun, last_json, mpirun, run_ok
+from helpers import ONE_THREAD, REPO, assert_same_weights, horovodrun, last_json, mpirun, run_ok, weights
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 # SGD, no lr scaling or warm-up, no dropout: the updates are a pure function of the data.
 DETERMINISTIC = ["--optimizer", "sgd", "--lr", "0.05", "--no-lr-scaling", "--warmup-epochs", "0",
                  "--no-dropout", "--log-every", "1000", *ONE_THREAD]
-
-
-def weights(path_pattern, rank):
-    with np.load(path_pattern.format(rank=rank)) as f:
-        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
 
 
 def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(tmp_path):
@@ -25,8 +19,7 @@ def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(tmp_path):
                       "--dump-weights", two, *DETERMINISTIC))
     run_ok(["ringtrain", "--model", "mnist_mlp", "--batch-size", "32", "--steps", "8",
             "--dump-weights", one, *DETERMINISTIC])
-    for w2, w1 in zip(weights(two, 0), weights(one, 0)):
-        np.testing.assert_allclose(w2, w1, rtol=1e-5, atol=1e-6)
+    assert_same_weights(weights(two, 0), weights(one, 0))
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun-gloo", "mpirun", "hostfile"])
@@ -42,8 +35,7 @@ def test_ranks_hold_identical_weights_under_every_launcher(tmp_path, launcher):
     summary = last_json(run_ok(cmd[launcher]()))
     assert summary["world_size"] == 2 and summary["steps"] == 6
     assert summary["controller"] == ("gloo" if launcher == "horovodrun-gloo" else "mpi")
-    for a, b in zip(weights(dump, 0), weights(dump, 1)):
-        np.testing.assert_array_equal(a, b)  # dropout differs per rank; the weights may not
+    assert_same_weights(weights(dump, 0), weights(dump, 1), exact=True)  # dropout differs per rank
 
 
 def test_summary_reports_measured_throughput_from_every_rank(tmp_path):
@@ -77,7 +69,6 @@ def test_horovod_knobs_keep_ranks_identical_and_write_timeline_and_tensorboard(t
         "--horovod-timeline", str(timeline), "--log-dir", str(logs), "--dump-weights", dump,
         *ONE_THREAD)))
     assert summary["config"]["adasum"] and summary["config"]["fp16_allreduce"]
-    for a, b in zip(weights(dump, 0), weights(dump, 1)):
-        np.testing.assert_array_equal(a, b)
+    assert_same_weights(weights(dump, 0), weights(dump, 1), exact=True)
     assert "ALLREDUCE" in timeline.read_text()
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(logs))

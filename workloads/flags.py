@@ -37,7 +37,9 @@ def positive_float(text):
     return value
 
 
-def add_training_flags(parser):
+def add_training_flags(parser, summary_json=True):
+    """The shared flags; summary_json=False leaves --summary-json to a
+    launcher that defines its own."""
     g = parser.add_argument_group("model and data (shared by ringtrain and ps-baseline)")
     g.add_argument("--model", default="mnist_cnn", choices=sorted(MODEL_SPECS), metavar="NAME",
                    help="one of: %(choices)s (default %(default)s)")
@@ -59,12 +61,18 @@ def add_training_flags(parser):
     g.add_argument("--no-dropout", action="store_true",
                    help="disable dropout (deterministic runs, e.g. equivalence checks)")
     g.add_argument("--checkpoint-dir", metavar="DIR", help="write checkpoints here")
+    g.add_argument("--simulate-gpu", type=positive_float, metavar="MS",
+                   help="a simulated accelerator: forward and backward become a wait of MS per step "
+                        "that uses no CPU, spread over the layers in backprop order; the gradients "
+                        "keep their real shapes and are really exchanged (resnet50 and vgg16 always "
+                        "run this way, by default with a published P100 step time)")
     g.add_argument("--threads", type=non_negative_int, default=0, metavar="T",
                    help="TF intra- and inter-op threads per worker (0: TF's default)")
     g.add_argument("--log-every", type=positive_int, default=20, metavar="K",
                    help="log a line every K steps (default %(default)s)")
-    g.add_argument("--summary-json", metavar="FILE",
-                   help="also write the final JSON summary to FILE")
+    if summary_json:
+        g.add_argument("--summary-json", metavar="FILE",
+                       help="also write the final JSON summary to FILE")
     return parser
 
 

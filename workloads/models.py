@@ -13,7 +13,9 @@ tf.Variable.
 import numpy as np
 import tensorflow as tf
 
-from workloads.catalog import MODEL_SPECS, model_spec
+from workloads.catalog import MODEL_SPECS, model_spec, simulated_step_ms
+from workloads.profiles import PROFILES
+from workloads.simulated import SimulatedModel, layers_of
 
 NUM_CLASSES = 10
 BN_MOMENTUM, BN_EPSILON = 0.9, 1e-3
@@ -174,13 +176,38 @@ class CifarResNet(Model):
 MODELS = {cls.catalog_name: cls for cls in (MnistMLP, MnistCNN, CifarResNet)}
 
 
-def build(name, seed=0, make_variable=default_variable, dropout=True):
+def build(name, seed=0, make_variable=default_variable, dropout=True, simulate_gpu_ms=None):
     """The model `name` with seeded initial weights; dropout=False makes
-    training deterministic (only mnist_cnn has dropout)."""
+    training deterministic (only mnist_cnn has dropout). On the simulated
+    accelerator (simulate_gpu_ms, or a gradient profile such as resnet50),
+    the model's parameter shapes with waits for compute (workloads/simulated.py)."""
     model_spec(name)  # a UsageError for unknown names
+    step_ms = simulated_step_ms(name, simulate_gpu_ms)
+    if step_ms:
+        layers = PROFILES[name]() if name in PROFILES else layers_of(MODELS[name], seed)
+        return SimulatedModel(layers, step_ms / 1000.0, make_variable)
     options = {"dropout": dropout} if name == "mnist_cnn" else {}
     return MODELS[name](seed=seed, make_variable=make_variable, **options)
 
 
+def gradient_shapes(name):
+    """The shapes of a model's trainable variables, in order, without building it."""
+    model_spec(name)
+    layers = PROFILES[name]() if name in PROFILES else layers_of(MODELS[name], 0)
+    return [list(shape) for _, variables in layers for _, shape in variables]
+
+
+def is_simulated(model):
+    """A simulated model learns nothing worth evaluating."""
+    return isinstance(model, SimulatedModel)
+
+
 def per_example_loss(logits, labels):
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
+
+def correct_and_loss_sum(logits, labels):
+    """One test batch's correct answers and summed loss (eager or graph mode)."""
+    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels),
+                                    tf.float32))
+    return correct, tf.reduce_sum(per_example_loss(logits, labels))

@@ -2,7 +2,7 @@
 import numpy as np
 import tensorflow as tf
 
-from workloads.sharding import epoch_shard, eval_shard
+from workloads.sharding import epoch_shard
 
 
 def _to_float(images):
@@ -33,12 +33,14 @@ def train_batches(dataset, rank, size, batch_size, seed, epoch, skip_batches=0, 
                           .prefetch(tf.data.AUTOTUNE), threads)
 
 
-def eval_batches(dataset, rank, size, batch_size, threads=0):
-    idx = eval_shard(len(dataset.test_labels), rank, size)
-    samples = tf.data.Dataset.from_tensor_slices((dataset.test_images[idx],
-                                                  dataset.test_labels[idx]))
-    return _limit_threads(samples.batch(batch_size).map(lambda x, y: (_to_float(x), y))
-                          .prefetch(tf.data.AUTOTUNE), threads)
+def batches_from(dataset, rank, size, batch_size, seed, epoch, skip_batches=0, threads=0):
+    """Training batches from a position on, epoch after epoch, without end:
+    (epoch, batches of that epoch done after this one, batch)."""
+    while True:
+        batches = train_batches(dataset, rank, size, batch_size, seed, epoch, skip_batches, threads)
+        for done, batch in enumerate(batches, start=skip_batches + 1):
+            yield epoch, done, batch
+        epoch, skip_batches = epoch + 1, 0
 
 
 def as_float(images):

@@ -9,6 +9,9 @@ import os
 import sys
 import time
 
+# Set by a launcher that reads a task's summary from its output: the printed
+# line then holds everything, per-window rates included.
+FULL_SUMMARY_LINE_ENV = "RINGTRAIN_FULL_SUMMARY_LINE"
 WARMUP_STEPS = 3   # tracing, graph optimisation and first negotiations are not throughput
 WINDOW_STEPS = 10  # steps per timed window; windows give the confidence interval
 
@@ -81,12 +84,31 @@ def measured_throughput(reports):
     }
 
 
-def emit(summary, path=None):
+def build_summary(mode, args, dataset, *, world_size, steps, epochs, train_loss, evaluation,
+                  wall_seconds, reports, **mode_fields):
+    """The final summary, one format for every mode: what ran, how well it
+    learned (`evaluation`: workloads.evaluation.Evaluation over the whole test
+    split), and the throughput measured from every worker's `reports`
+    (StepTimer.report()). Mode-specific fields (controller, num_ps,
+    staleness, placement, checkpoint...) come in as keywords."""
+    return {
+        "mode": mode, "model": args.model, "dataset": args.dataset, "data_source": dataset.source,
+        "world_size": world_size, "steps": int(steps), "epochs": epochs, "train_loss": train_loss,
+        "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
+        "test_samples": int(evaluation.samples), "wall_time_sec": wall_seconds,
+        **measured_throughput(reports), **mode_fields,
+        "config": dict(sorted(vars(args).items())),
+    }
+
+
+def emit(summary, path=None, stream=None):
     """Print the summary as the last stdout line, less the per-window rates
     (launchers split very long lines); write all of it atomically to path."""
-    shown = {k: v for k, v in summary.items() if k not in ("window_images_per_sec", "window_spans_unix")}
-    sys.stdout.write(json.dumps(shown, sort_keys=True) + "\n")
-    sys.stdout.flush()
+    stream = stream or sys.stdout
+    shown = summary if os.environ.get(FULL_SUMMARY_LINE_ENV) else \
+        {k: v for k, v in summary.items() if k not in ("window_images_per_sec", "window_spans_unix")}
+    stream.write(json.dumps(shown, sort_keys=True) + "\n")
+    stream.flush()
     if path:
         tmp = f"{path}.tmp.{os.getpid()}"
         with open(tmp, "w") as f:

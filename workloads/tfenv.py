@@ -34,3 +34,10 @@ def set_threads(threads):
     if threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def session_config(tf, threads, device_filters=None, inter_op_threads=None):
+    """A tf.compat.v1 session/server config with pinned thread pools (0: TF's default)."""
+    return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
+                                    inter_op_parallelism_threads=inter_op_threads or threads,
+                                    device_filters=device_filters or [])

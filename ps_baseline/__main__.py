@@ -1,0 +1,3 @@
+from ps_baseline.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,201 @@
+"""What the tests share: running real launchers in their own process group
+(multihost.procs, which ends the whole tree afterwards), reading summaries,
+weights and checkpoints, the one-line-error check, and PS tasks started one
+process per task, as the seeds do."""
+import json
+import os
+import re
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from multihost import procs
+from multihost.net import free_ports
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)  # the venv's bin: ringtrain, horovodrun, ps-baseline
+
+# OpenMPI refuses root without these; 1 TF thread per worker on 2 cores.
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           PATH=BIN + os.pathsep + os.environ.get("PATH", ""), PYTHONUNBUFFERED="1",
+           TF_CPP_MIN_LOG_LEVEL="2")
+ONE_THREAD = ["--threads", "1"]
+
+
+# --- running commands ---------------------------------------------------------
+
+def run(cmd, timeout=300, cwd=REPO, env=None, host=None):
+    """Run cmd (an argument list) to the end in a new process group, on `host`
+    over ssh if given; returns procs.Finished. A timeout fails the test."""
+    done = procs.run(cmd, timeout=timeout, cwd=cwd, env=env or ENV, host=host)
+    if done.timed_out:
+        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def run_ok(cmd, timeout=300, **kw):
+    done = run(cmd, timeout, **kw)
+    assert done.returncode == 0, (f"exit {done.returncode}: {' '.join(cmd)}\nstdout:\n{done.stdout[-4000:]}\n"
+                                  f"stderr:\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def assert_one_line_error(cmd, expected, within=10, code=None, **kw):
+    """Bad input: a non-zero exit (`code` if given) within `within` seconds,
+    and stderr is one line that contains `expected`; no traceback."""
+    done = run(cmd, timeout=within + 50, **kw)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0, done.stdout
+    if code is not None:
+        assert done.returncode == code, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert done.seconds < within, f"took {done.seconds:.1f}s"
+    assert "Traceback" not in done.stderr, done.stderr
+    assert len(lines) == 1 and expected in lines[0], done.stderr
+    return lines[0]
+
+
+def horovodrun(np_, *args, gloo=False, hosts=None):
+    where = ["-H", hosts] if hosts else []
+    return [os.path.join(BIN, "horovodrun"), "-np", str(np_), *where, *(["--gloo"] if gloo else []),
+            os.path.join(BIN, "ringtrain"), *args]
+
+
+def mpirun(np_, *args, hostfile=None):
+    where = ["--hostfile", hostfile] if hostfile else ["-np", str(np_)]
+    return ["mpirun", *where, "-x", "PATH", "-x", "PYTHONUNBUFFERED",
+            os.path.join(BIN, "ringtrain"), *args]
+
+
+# --- reading what runs leave ----------------------------------------------------
+
+def last_json(text):
+    """The final JSON summary: the last stdout line that parses as an object
+    (launchers may prefix it with a rank tag such as `[1,0]<stdout>:`)."""
+    for line in reversed(text.splitlines()):
+        found = json_in(line)
+        if found is not None:
+            return found
+    raise AssertionError(f"no JSON summary in output:\n{text[-3000:]}")
+
+
+def json_in(line):
+    """The JSON object in a line, ignoring a launcher's tags before or after it."""
+    start = line.find("{")
+    if start < 0:
+        return None
+    try:
+        return json.JSONDecoder().raw_decode(line[start:])[0]
+    except json.JSONDecodeError:
+        return None
+
+
+def weights(path_pattern, rank):
+    """A rank's --dump-weights arrays, in the model's variable order."""
+    with np.load(path_pattern.format(rank=rank)) as f:
+        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+
+def assert_same_weights(a, b, exact=False):
+    """Two non-empty lists of arrays, pairwise equal (exactly, or to float tolerance)."""
+    assert len(a) == len(b) > 0, f"{len(a)} against {len(b)} arrays"
+    for x, y in zip(a, b):
+        if exact:
+            np.testing.assert_array_equal(x, y)
+        else:
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def checkpoint_step(folder):
+    """The step in the file name of a folder's newest TF checkpoint."""
+    with open(os.path.join(folder, "checkpoint")) as f:
+        return int(re.search(r'model_checkpoint_path: ".*-(\d+)"', f.read()).group(1))
+
+
+def assert_checkpoint_is_one_process_on_the_global_batch(checkpoint_dir, steps, lr, batch, workers):
+    """Sync PS (K = W) with plain SGD on mnist_mlp, seed 0, no dropout: the
+    chief's checkpoint equals one process stepping on the workers' batches
+    taken together (the global batch)."""
+    import tensorflow as tf
+    from workloads import data, models
+    from workloads.pipeline import as_float
+    from workloads.sharding import epoch_shard
+
+    dataset = data.load("mnist")
+    reference = models.build("mnist_mlp", seed=0)
+    shards = [epoch_shard(len(dataset.train_labels), r, workers, batch, 0, 0) for r in range(workers)]
+    for step in range(steps):
+        rows = slice(step * batch, (step + 1) * batch)
+        idx = np.concatenate([s.indices[rows] for s in shards])
+        sample_weights = np.concatenate([s.weights[rows] for s in shards])
+        with tf.GradientTape() as tape:
+            losses = models.per_example_loss(reference(as_float(dataset.train_images[idx]), True),
+                                             dataset.train_labels[idx])
+            loss = tf.reduce_sum(sample_weights * losses) / shards[0].global_counts[step]
+        grads = tape.gradient(loss, reference.trainable_variables)
+        for v, g in zip(reference.trainable_variables, grads):
+            v.assign_sub(lr * g)
+
+    checkpoint = tf.train.load_checkpoint(checkpoint_dir)
+    assert checkpoint.get_tensor("global_step") == steps
+    assert len(reference.trainable_variables) > 0
+    for v in reference.trainable_variables:
+        name = v.name.split(":")[0]  # "dense_1/kernel", as in the PS graph
+        np.testing.assert_allclose(checkpoint.get_tensor(name), v.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# --- PS tasks, one process each, as the seeds start them --------------------------
+
+PS_BASELINE = [sys.executable, "-m", "ps_baseline"]
+TINY = ["--model", "mnist_mlp", "--batch-size", "16", "--log-every", "5", *ONE_THREAD]
+
+
+def hosts(count, host="localhost"):
+    return ",".join(f"{host}:{port}" for port in free_ports(count))
+
+
+def task_args(ps_hosts, worker_hosts, job, index, *extra):
+    return [*PS_BASELINE, f"--ps_hosts={ps_hosts}", f"--worker_hosts={worker_hosts}",
+            f"--job_name={job}", f"--task_index={index}", *extra]
+
+
+class Tasks:
+    """Started tasks, each logging to its own file; every tree ended on exit."""
+
+    def __init__(self, folder):
+        self.folder, self.procs = folder, {}
+
+    def start(self, name, argv, host=None):
+        self.procs[name] = procs.Process(argv, name=name, host=host, cwd=REPO, env=ENV,
+                                         log_path=os.path.join(self.folder, f"{name}.log"))
+        return self.procs[name]
+
+    def log(self, name):
+        with open(os.path.join(self.folder, f"{name}.log")) as f:
+            return f.read()
+
+    def wait(self, name, timeout):
+        try:
+            return self.procs[name].wait(timeout)
+        except procs.subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} still running after {timeout}s:\n{self.log(name)[-3000:]}")
+
+    def wait_for_text(self, name, text, timeout):
+        deadline = time.monotonic() + timeout
+        while text not in self.log(name):
+            assert self.procs[name].poll() is None, f"{name} exited:\n{self.log(name)[-3000:]}"
+            assert time.monotonic() < deadline, f"no {text!r} from {name}:\n{self.log(name)[-3000:]}"
+            time.sleep(0.2)
+
+    def kill(self, name):
+        """SIGKILL the task's process group (locally) and reap it."""
+        process = self.procs[name]
+        os.killpg(process.pid, procs.signal.SIGKILL)
+        return process.wait(10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        procs.stop_all(list(self.procs.values()))

@@ -1,0 +1,185 @@
+"""Across hosts, on a simulated cluster of network-namespace hosts (h1..h3,
+each with its own hostname, address and sshd) that the test run builds and
+tears down: ring under every launcher, PS sync and async, a task killed on a
+remote host, the seeds' per-terminal commands, and `down` itself."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import (BIN, ENV, ONE_THREAD, PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch,
+                     assert_one_line_error, assert_same_weights, last_json, run, run_ok, weights)
+from multihost import procs, simcluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+DETERMINISTIC = ["--optimizer", "sgd", "--lr", "0.05", "--no-lr-scaling", "--warmup-epochs", "0",
+                 "--no-dropout", "--log-every", "1000", *ONE_THREAD]
+
+
+def on(cluster, host, *argv):
+    """argv run on `host` of the cluster, as a user types it: ringtrain-cluster exec HOST -- ..."""
+    return [os.path.join(BIN, "ringtrain-cluster"), "--name", cluster.name, "exec", host, "--", *argv]
+
+
+def two_hosts(cluster, tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("h1 slots=1\nh2 slots=1\n")
+    return str(path)
+
+
+def ring_launcher(name, cluster, tmp_path):
+    """The three ways to start ring mode across h1 and h2, from h1."""
+    ringtrain = os.path.join(BIN, "ringtrain")
+    return {"mpirun-hostfile": ["mpirun", "--hostfile", two_hosts(cluster, tmp_path), ringtrain],
+            "horovodrun": [os.path.join(BIN, "horovodrun"), "-H", "h1:1,h2:1", ringtrain],
+            "horovodrun-gloo": [os.path.join(BIN, "horovodrun"), "--gloo", "-H", "h1:1,h2:1", ringtrain]}[name]
+
+
+@pytest.mark.parametrize("launcher", ["mpirun-hostfile", "horovodrun", "horovodrun-gloo"])
+def test_ring_across_hosts_gives_identical_weights_and_names_each_ranks_host(cluster, tmp_path, launcher):
+    dump, summary_path = str(tmp_path / "w-{rank}.npz"), tmp_path / "s.json"
+    run_ok(on(cluster, "h1", *ring_launcher(launcher, cluster, tmp_path), "--model", "mnist_cnn",
+              "--batch-size", "16", "--steps", "6", "--log-every", "3", "--dump-weights", dump,
+              "--summary-json", str(summary_path), *ONE_THREAD), timeout=240)
+    summary = last_json(summary_path.read_text())
+    assert summary["hosts"] == ["h1", "h2"]
+    assert summary["controller"] == ("gloo" if launcher.endswith("gloo") else "mpi")
+    assert_same_weights(weights(dump, 0), weights(dump, 1), exact=True)
+
+
+def test_two_ranks_across_hosts_at_batch_b_equal_one_process_at_batch_2b(cluster, tmp_path):
+    two, one = str(tmp_path / "two-{rank}.npz"), str(tmp_path / "one-{rank}.npz")
+    run_ok(on(cluster, "h1", "mpirun", "--hostfile", two_hosts(cluster, tmp_path), os.path.join(BIN, "ringtrain"),
+              "--model", "mnist_mlp", "--batch-size", "16", "--steps", "8", "--dump-weights", two,
+              *DETERMINISTIC), timeout=240)
+    run_ok(["ringtrain", "--model", "mnist_mlp", "--batch-size", "32", "--steps", "8", "--dump-weights", one,
+            *DETERMINISTIC])
+    assert_same_weights(weights(two, 0), weights(one, 0))
+
+
+def ps_launch(cluster, *args):
+    return on(cluster, "h1", *PS_BASELINE, "launch", "--hostfile", cluster.hostfile, *args)
+
+
+def test_ps_sync_across_hosts_equals_one_process_on_the_global_batch(cluster, tmp_path):
+    steps, lr, batch = 4, 0.1, 8
+    out = run_ok(ps_launch(cluster, "--num-ps", "2", "--num-workers", "2", "--sync", "--optimizer", "sgd",
+                           "--lr", str(lr), "--no-dropout", "--steps", str(steps), *TINY,
+                           "--batch-size", str(batch), "--checkpoint-dir", str(tmp_path)), timeout=240)
+    summary = last_json(out)
+    # The chief on h1; PS tasks on the other hosts; every line tagged with its host and task.
+    assert summary["hosts"] == ["h1", "h2"]
+    assert [a.split(":")[0] for a in summary["launch"]["ps_hosts"]] == ["h2", "h3"]
+    assert "[h1 worker0]" in out and "[h3 ps1]" in out
+    assert_checkpoint_is_one_process_on_the_global_batch(str(tmp_path), steps, lr, batch, workers=2)
+
+
+def test_ps_async_across_hosts_learns(cluster):
+    summary = last_json(run_ok(ps_launch(cluster, "--num-ps", "1", "--num-workers", "3", "--steps", "60", *TINY),
+                               timeout=240))
+    assert summary["mode"] == "ps-async" and summary["steps"] == 180
+    assert summary["hosts"] == ["h1", "h2", "h3"]
+    assert summary["test_accuracy"] > 0.7
+
+
+def assert_no_process_left_on_any_host(cluster, timeout=10):
+    """Every host's network namespace holds its sshd and nothing else (an
+    ssh session's server side may take a moment to go)."""
+    left = lambda: {h.name: [p for p in simcluster.processes_in(h.netns) if p != h.sshd_pid]
+                    for h in cluster.hosts}
+    deadline = time.monotonic() + timeout
+    while any(left().values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left() == {h.name: [] for h in cluster.hosts}
+
+
+def task_pid(cluster, host, job):
+    """The PID of a `python -m ps_baseline --job_name=JOB` task on `host` (not its guard)."""
+    for pid in simcluster.processes_in(cluster.host(host).netns):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode().split("\0")
+        except OSError:
+            continue
+        if argv[1:3] == ["-m", "ps_baseline"] and f"--job_name={job}" in argv:
+            return pid
+    return None
+
+
+def test_a_task_killed_on_a_remote_host_ends_the_job_naming_it_and_leaves_nothing(cluster, tmp_path):
+    with Tasks(str(tmp_path)) as tasks:
+        tasks.start("launch", ps_launch(cluster, "--num-ps", "1", "--num-workers", "2", "--steps", "100000", *TINY))
+        tasks.wait_for_text("launch", "[h2 worker1] worker 1: epoch 1 step 5/", timeout=120)
+        victim = task_pid(cluster, "h2", "ps")
+        assert victim, "no PS task on h2"
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        assert tasks.wait("launch", 60) != 0
+        assert time.monotonic() - killed < 30
+        errors = [line for line in tasks.log("launch").splitlines() if line.startswith("ps-baseline launch:")
+                  and "stopped" in line]
+        assert errors == ["ps-baseline launch: ps0 on h2 was killed by signal 9 (SIGKILL); "
+                          "stopped every task on every host"], tasks.log("launch")[-2000:]
+    assert_no_process_left_on_any_host(cluster)
+
+
+def test_ctrl_c_on_the_launcher_stops_every_task_on_every_host(cluster, tmp_path):
+    with Tasks(str(tmp_path)) as tasks:
+        launcher = tasks.start("launch", ps_launch(cluster, "--num-ps", "2", "--num-workers", "2", "--steps",
+                                                   "100000", *TINY))
+        tasks.wait_for_text("launch", "[h2 worker1] worker 1: epoch 1 step 5/", timeout=120)
+        os.kill(launcher.pid, signal.SIGINT)
+        assert tasks.wait("launch", 30) == 130
+    assert_no_process_left_on_any_host(cluster)
+
+
+def test_the_seeds_per_terminal_commands_run_with_tasks_on_different_hosts(cluster, tmp_path):
+    flags = ["--ps_hosts=h3:2222", "--worker_hosts=h1:2222,h2:2222", "--sync", *TINY, "--steps", "20"]
+    with Tasks(str(tmp_path)) as tasks:
+        tasks.start("ps", on(cluster, "h3", *PS_BASELINE, *flags, "--job_name=ps", "--task_index=0"))
+        tasks.start("worker1", on(cluster, "h2", *PS_BASELINE, *flags, "--job_name=worker", "--task_index=1"))
+        tasks.start("chief", on(cluster, "h1", *PS_BASELINE, *flags, "--job_name=worker", "--task_index=0"))
+        for name in ("chief", "worker1", "ps"):
+            assert tasks.wait(name, 180) == 0, tasks.log(name)[-3000:]
+        assert last_json(tasks.log("chief"))["steps"] == 20
+
+
+def test_a_task_started_on_the_wrong_host_says_which_host_it_belongs_to(cluster):
+    assert_one_line_error(on(cluster, "h1", *PS_BASELINE, "--ps_hosts=h3:2222", "--worker_hosts=h1:2222",
+                             "--job_name=ps", "--task_index=0"),
+                          "ps task 0 is h3:2222, but h3 is not this host (h1): start it on h3", code=2)
+
+
+def test_arguments_cross_ssh_as_words_never_as_shell_syntax(cluster, tmp_path):
+    marker = tmp_path / "pwned"
+    words = ["a b", f"$(touch {marker})", f"; touch {marker}", "'quoted'", '"double"', "*", "back\\slash"]
+    done = run(on(cluster, "h1", sys.executable, "-c",
+                  "from multihost import procs; import sys; "
+                  "d = procs.run([sys.executable, '-c', 'import sys; print(sys.argv[1:])', *sys.argv[1:]], "
+                  "host='h2', timeout=60); print(d.stdout, end=''); sys.exit(d.returncode)", *words))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == repr(words)
+    assert not marker.exists()
+
+
+def test_down_leaves_no_namespace_interface_process_file_or_route(cluster):
+    name = f"rtd{os.getpid() % 100000}"
+    up = run([os.path.join(BIN, "ringtrain-cluster"), "--name", name, "up", "--hosts", "2"], timeout=120)
+    assert up.returncode == 0, up.stderr
+    built = simcluster.load(name)
+    sshd = [h.sshd_pid for h in built.hosts]
+    done = run([os.path.join(BIN, "ringtrain-cluster"), "--name", name, "down"], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if ns.startswith(f"{name}-")]
+    assert not [pid for pid in sshd if procs.is_alive(pid)]
+    assert not os.path.exists(built.state_dir)
+    assert not any(d.startswith(f"{name}-") for d in os.listdir(simcluster.NETNS_ETC))
+    routes = subprocess.run(["ip", "route", "show", built.subnet], capture_output=True, text=True).stdout
+    assert routes.strip() == ""
+    status = run([os.path.join(BIN, "ringtrain-cluster"), "--name", name, "status"], timeout=30)
+    assert status.returncode != 0 and "is not up" in status.stderr

@@ -1,0 +1,168 @@
+"""Fast specifications of small pieces: resume positions, the learning-rate
+recipe, what the PS launcher hands its tasks and where it puts them,
+staleness, the shared summary and console."""
+import argparse
+import io
+import json
+
+import pytest
+
+from ps_baseline import launcher
+from ps_baseline.reports import Staleness, WorkerReport, staleness_fields
+from ringtrain.checkpoints import Progress
+from ringtrain.knobs import learning_rate_schedule
+from workloads.console import Console, human_summary
+from workloads.evaluation import Evaluation
+from workloads.summary import build_summary
+
+
+# --- resume positions -----------------------------------------------------------
+
+def test_progress_after_a_whole_epoch_points_at_the_next_one():
+    assert Progress.at(step=63, epoch=0, batches_done=63, per_epoch=63, size=2, batch_size=32) == Progress(63, 1, 0)
+
+
+def test_progress_counts_global_samples_so_any_rank_count_can_resume():
+    saved = Progress.at(step=6, epoch=0, batches_done=6, per_epoch=125, size=2, batch_size=16)
+    assert saved.samples_in_epoch == 192
+    assert saved.batches_done(size=1, batch_size=32) == 6   # 1 rank x 32
+    assert saved.batches_done(size=3, batch_size=16) == 4   # 3 ranks x 16
+
+
+def test_progress_rounds_to_the_nearest_global_batch_when_sizes_do_not_divide():
+    saved = Progress(step=6, epoch=0, samples_in_epoch=192)
+    assert saved.batches_done(size=5, batch_size=16) == 2   # 2.4 batches: 32 samples seen again
+    assert saved.batches_done(size=1, batch_size=128) == 2  # 1.5 rounds to even: 64 samples skipped
+
+
+# --- learning rate ----------------------------------------------------------------
+
+def lr_args(**kw):
+    return argparse.Namespace(**{"lr": 0.01, "no_lr_scaling": False, "adasum": False, "warmup_epochs": 1.0, **kw})
+
+
+def test_lr_ramps_linearly_from_the_single_worker_lr_to_n_times_it():
+    lr_at = learning_rate_schedule(lr_args(), size=4, steps_per_epoch=100)
+    assert lr_at(0) == pytest.approx(0.01)
+    assert lr_at(50) == pytest.approx(0.025)
+    assert lr_at(100) == lr_at(10_000) == pytest.approx(0.04)
+
+
+def test_lr_is_not_scaled_with_adasum_or_when_asked_not_to():
+    for args in (lr_args(adasum=True), lr_args(no_lr_scaling=True)):
+        assert learning_rate_schedule(args, size=4, steps_per_epoch=100)(500) == pytest.approx(0.01)
+
+
+def test_lr_without_warmup_is_scaled_from_the_first_step():
+    assert learning_rate_schedule(lr_args(warmup_epochs=0), size=2, steps_per_epoch=100)(0) == pytest.approx(0.02)
+
+
+# --- the PS launcher --------------------------------------------------------------
+
+def test_launcher_hands_tasks_the_users_own_words_less_its_own():
+    argv = ["--num-ps", "2", "--num-workers=3", "--sync", "--model", "mnist_mlp", "--summary-json", "s.json",
+            "--is_sync=True", "--hostfile", "hosts", "--lr", "0.1"]
+    assert launcher.task_words(argv) == ["--sync", "--model", "mnist_mlp", "--is_sync=True", "--lr", "0.1"]
+
+
+def test_launcher_fills_worker_slots_host_by_host_and_spreads_ps_from_the_second_host():
+    from multihost.hostfile import Host
+    hosts = [Host("h1", 2), Host("h2", 2), Host("h3", 1)]
+    tasks = {t.name: t.host for t in launcher.place(3, 4, False, hosts, "hf")}
+    assert [tasks[f"worker{i}"] for i in range(4)] == ["h1", "h1", "h2", "h2"]
+    assert [tasks[f"ps{i}"] for i in range(3)] == ["h2", "h3", "h1"]
+
+
+# --- staleness, summary, console ---------------------------------------------------
+
+def test_staleness_counts_other_updates_between_read_and_apply():
+    s = Staleness()
+    s.add(read_step=10, applied_step=11)  # only our own update: fresh
+    s.add(read_step=11, applied_step=14)  # two others landed in between
+    assert s.as_list() == [2, 2, 2]
+    reports = [WorkerReport(0, 2, {}, staleness=s.as_list()), WorkerReport(1, 2, {}, staleness=[0, 2, 0])]
+    assert staleness_fields(reports) == {"staleness_mean": 0.5, "staleness_max": 2}
+
+
+def test_every_mode_builds_the_same_summary_with_its_own_fields_added():
+    args = argparse.Namespace(model="mnist_mlp", dataset="mnist", lr=0.1)
+    dataset = argparse.Namespace(source="embedded")
+    report = {"samples": 640.0, "seconds": 2.0, "windows": [320.0], "step_time_sec": 0.1,
+              "window_spans_unix": [[0.0, 2.0, 640.0]]}
+    summary = build_summary("ps-sync", args, dataset, world_size=2, steps=20, epochs=0.5, train_loss=0.3,
+                            evaluation=Evaluation(90.0, 30.0, 100), wall_seconds=3.0, reports=[report, report],
+                            num_ps=1)
+    assert summary["test_accuracy"] == 0.9 and summary["test_loss"] == 0.3
+    assert summary["images_per_sec"] == 640.0  # 1280 samples over the slowest worker's 2 s
+    assert summary["num_ps"] == 1 and summary["config"] == {"dataset": "mnist", "lr": 0.1, "model": "mnist_mlp"}
+
+
+def test_console_ends_with_a_human_summary_then_the_json_line():
+    out = io.StringIO()
+    summary = {"mode": "ring", "model": "mnist_cnn", "steps": 40, "epochs": 0.6, "wall_time_sec": 12.5,
+               "world_size": 2, "test_accuracy": 0.912, "test_samples": 1000, "test_loss": 0.31,
+               "train_loss": 0.4, "images_per_sec": 2345.6, "checkpoint": "ckpt/ckpt-40"}
+    Console(stream=out, bar=False).finish(summary)
+    lines = out.getvalue().splitlines()
+    assert lines[:-1] == human_summary(summary)
+    assert "test accuracy 91.20 %" in lines[1] and "2,346 img/s" in lines[2] and "ckpt/ckpt-40" in lines[3]
+    assert json.loads(lines[-1])["steps"] == 40
+
+
+def test_console_draws_a_bar_in_place_on_a_terminal_and_lines_otherwise():
+    bar, plain = io.StringIO(), io.StringIO()
+    for out, is_terminal in ((bar, True), (plain, False)):
+        console = Console(stream=out, bar=is_terminal)
+        console.progress(5, 10, "step 5/10 loss 1.0")
+        console.progress(10, 10, "step 10/10 loss 0.5")
+    assert bar.getvalue().count("\r") == 2 and bar.getvalue().endswith("\n")
+    assert plain.getvalue().splitlines() == ["step 5/10 loss 1.0", "step 10/10 loss 0.5"]
+
+
+# --- across hosts: ssh command lines and hostfiles ----------------------------------
+
+def test_ssh_command_line_quotes_every_word_and_takes_only_host_names():
+    import shlex
+    from multihost import procs
+    argv = ["python", "-c", "print(1)", "$(reboot)", "a;b", "it's"]
+    ssh = procs.ssh_argv("h2", argv, cwd="/tmp/with space")
+    assert ssh[ssh.index("--") + 1] == "h2"  # the host is one word, after --
+    remote = shlex.split(ssh[-1])  # what the remote shell hands the guard, word for word
+    assert remote[-len(argv):] == argv and remote[remote.index("--cwd") + 1] == "/tmp/with space"
+    for bad in ("-oProxyCommand=touch x", "h1;reboot", "h1 h2", "$(x)", ""):
+        with pytest.raises(ValueError):
+            procs.ssh_argv(bad, argv)
+
+
+def test_hostfile_lines_are_read_as_openmpi_does(tmp_path):
+    from multihost.hostfile import Host, fill, read_hostfile
+    path = tmp_path / "hosts"
+    path.write_text("# the cluster\nlocalhost slots=2 max_slots=4\n\n127.0.0.1   # one slot by default\n"
+                    "localhost slots=1\n")
+    hosts = read_hostfile(str(path))
+    assert hosts == [Host("localhost", 3), Host("127.0.0.1", 1)]
+    assert fill(hosts, 4) == ["localhost"] * 3 + ["127.0.0.1"]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("node1:4\n", "line 1 ('node1:4'): 'node1:4' is not a host name; write `host slots=N`"),
+    ("localhost slots=two\n", "line 1 ('localhost slots=two'): expected `localhost slots=N` with N >= 1"),
+    ("localhost\nh1;reboot slots=1\n", "line 2"),
+    ("no-such-host-rt.invalid slots=1\n", "unknown host 'no-such-host-rt.invalid' (it does not resolve here)"),
+    ("# nothing\n", "names no host"),
+])
+def test_a_bad_hostfile_is_one_error_naming_the_line_and_the_fix(tmp_path, text, expected):
+    from multihost.hostfile import read_hostfile
+    from workloads.errors import UsageError
+    path = tmp_path / "hosts"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=None) as caught:
+        read_hostfile(str(path))
+    assert expected in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_too_few_slots_says_how_many_there_are_and_are_needed():
+    from multihost.hostfile import Host, fill
+    from workloads.errors import UsageError
+    with pytest.raises(UsageError, match=r"has 2 slot\(s\) \(h1 slots=1, h2 slots=1\) but 3 are needed"):
+        fill([Host("h1", 1), Host("h2", 1)], 3, "hf")
