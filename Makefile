@@ -7,7 +7,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 NP ?= 2
 
-.PHONY: install install-gpu run test bench doctor clean
+.PHONY: install install-gpu run test test-quick bench bench-cluster doctor clean
 
 install:
 	bash scripts/install.sh
@@ -22,8 +22,25 @@ run: install
 test: install
 	python -m pytest tests
 
+# The fast subset (no launchers, no cluster): under a minute, for quick edits.
+test-quick: install
+	python -m pytest -m "not slow" tests
+
 bench: install
 	ringtrain-bench report --out bench/results
+
+# Ring against PS across 4 simulated hosts (needs root): the allreduce algorithms on
+# 1 Gbit/s links, then resnet50-sized gradients on a simulated accelerator at 1 Gbit/s
+# and at 10 Gbit/s emulated by a time dilation of 10. Report: bench/results/cluster/scaling.md
+CLUSTER_RUN := --cluster 4 --np 1,2,4 --model resnet50 --optimizer sgd --steps 4 --warmup-steps 1
+bench-cluster: install
+	ringtrain-bench allreduce --cluster 4 --link-rate 1gbit --np 2,4 --model resnet50 --sizes 64K..16M \
+		--trials 2 --warmup-ops 1 --mpi-algorithms ring,rabenseifner,recursive_doubling,default --no-horovod --no-gloo \
+		--out bench/results/cluster/allreduce
+	ringtrain-bench scaling $(CLUSTER_RUN) --link-rate 1gbit --modes ring,ring-gloo,ps-sync,ps-async \
+		--num-ps 1,N --out bench/results/cluster
+	ringtrain-bench scaling $(CLUSTER_RUN) --link-rate 10gbit --time-dilation 10 --modes ring,ps-sync \
+		--out bench/results/cluster
 
 doctor: install
 	ringtrain doctor

@@ -18,18 +18,23 @@ import os
 import statistics
 import sys
 
-from bench import launch, stats, tables
-from bench.environment import describe, usable_cores
+import numpy as np
 
-IMPL_ORDER = ["mpi4py", "ring", "horovod-mpi", "horovod-mpi-eager", "horovod-mpi-grads",
+from bench import launch, sites, stats, tables
+from bench.environment import describe, usable_cores
+from workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, mpi_allreduce_env
+
+IMPL_ORDER = ["mpi4py", "mpi-ring", "mpi-segmented_ring", "mpi-rabenseifner", "mpi-recursive_doubling",
+              "mpi-default", "ring", "horovod-mpi", "horovod-mpi-eager", "horovod-mpi-grads",
               "horovod-mpi-cycle0.1ms", "horovod-mpi-cycle0.1ms-eager", "horovod-mpi-cycle0.1ms-grads",
               "horovod-gloo", "horovod-gloo-eager", "horovod-gloo-grads", "grpc-ps", "memcpy"]
 FIT_IMPL = "horovod-mpi"  # the ring rows' alpha-beta model: Horovod as training calls it
 PS_FIT_IMPL = "grpc-ps"   # the PS rows' alpha-beta model: TF's gRPC push and pull
-GRPC_MAX_BYTES = 64 << 20  # gRPC moves ~1 GB/s here: larger sizes only cost minutes
-COLUMNS = [("impl", "impl"), ("size", "size"), ("count", "count"), ("type", "type"),
+GRPC_MAX_BYTES = 128 << 20  # gRPC moves ~1 GB/s here: larger sizes only cost minutes
+COLUMNS = [("impl", "impl"), ("ranks", "ranks"), ("size", "size"), ("count", "count"), ("type", "type"),
            ("time_us", "time (us)"), ("algbw", "algbw (GB/s)"), ("busbw", "busbw (GB/s)"),
-           ("pct_bound", "busbw % memcpy"), ("pct_mpi", "busbw % MPI"), ("knobs", "knobs")]
+           ("pct_bound", "busbw % memcpy"), ("pct_mpi", "busbw % MPI"), ("wire", "wire B/op/rank"),
+           ("wire_pct", "wire % of ring"), ("knobs", "knobs")]
 
 
 def gradient_shapes(model_name):
@@ -44,114 +49,158 @@ def busbw_factor(ranks):
     return 2 * (ranks - 1) / ranks  # nccl-tests' allreduce bus factor
 
 
-def run(np_, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True,
-        horovod_env=None, timeout=900, log=print, compare_cycle_ms=None):
-    """Launch the workers, gather their rows, write allreduce.{json,md,png}."""
+def run(np_list, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True, horovod_env=None,
+        timeout=900, log=print, compare_cycle_ms=None, site=None, mpi_algorithms=(), horovod=True):
+    """Launch the workers for each rank count, gather their rows, write allreduce.{json,md,png}."""
+    site = site or sites.this_machine()
     os.makedirs(out_dir, exist_ok=True)
-    environment = describe(threads_per_worker=1)  # load average before we add to it
+    environment = describe(threads_per_worker=1, hostfile=site.label)  # load average before we add to it
     shapes = gradient_shapes(model) if model else []
-    grad_bytes = 4 * sum(int(__import__("numpy").prod(s)) for s in shapes)
+    grad_bytes = 4 * sum(int(np.prod(s)) for s in shapes)
     all_sizes = sorted(set(sizes + ([grad_bytes] if grad_bytes else [])))
     knobs = dict(horovod_env or {})
     common = ["--sizes", ",".join(map(str, all_sizes)), "--trials", str(trials),
               "--warmup", str(warmup), "--grad-shapes", json.dumps(shapes)]
-    python = [sys.executable, "-m", "bench.allreduce_worker"]
-    launches = [("mpi", launch.mpirun(np_, python + ["--impls", "mpi4py,ring,memcpy"] + common,
-                                      usable_cores())),
-                ("horovod-mpi", launch.mpirun(np_, python + ["--impls", "horovod", "--horovod-label", "mpi"]
-                                              + common, usable_cores(), env_names=sorted(knobs)))]
-    if compare_cycle_ms is not None:
-        # Horovod's background thread wakes every cycle: at 1 ms that is a floor under
-        # every allreduce; this launch shows what a shorter cycle buys.
-        label = f"mpi-cycle{compare_cycle_ms:g}ms"
-        launches.append((label, launch.mpirun(np_, python + ["--impls", "horovod", "--horovod-label", label]
-                                              + common, usable_cores(),
-                                              env_names=sorted(set(knobs) | {"HOROVOD_CYCLE_TIME"}))))
-    if gloo:
-        launches.append(("gloo", launch.horovodrun(np_, python + ["--impls", "horovod",
-                                                                  "--horovod-label", "gloo"] + common,
-                                                   gloo=True)))
-    grpc_sizes = [s for s in all_sizes if s <= GRPC_MAX_BYTES]
-    launches.append(("grpc", [sys.executable, "-m", "bench.grpc_exchange",
-                              "--sizes", ",".join(map(str, grpc_sizes)),
-                              "--trials", str(trials), "--warmup", str(warmup)]))
     rows = []
-    for name, cmd in launches:
+    for name, cmd, env in launches(np_list, common, knobs, compare_cycle_ms, gloo, horovod, site, mpi_algorithms,
+                                   [s for s in all_sizes if s <= GRPC_MAX_BYTES], trials, warmup):
         part = os.path.join(out_dir, f"allreduce-{name}.rank0.json")
         logf = os.path.join(out_dir, f"allreduce-{name}.log")
         log(f"ringtrain-bench: allreduce over {name}: {' '.join(cmd[:6])} ... (log {logf})")
-        env = dict(knobs, HOROVOD_CYCLE_TIME=f"{compare_cycle_ms:g}") if "cycle" in name else knobs
-        rc = launch.run(cmd + ["--out", part], logf, timeout, env=env)
+        rc = launch.run(site.enter(cmd + ["--out", part]), logf, timeout, env=env)
         if rc != 0 or not os.path.exists(part):
             raise RuntimeError(f"allreduce launch {name} failed (exit {rc}); last lines of {logf}:\n"
                                + launch.tail(logf))
         with open(part) as f:
             rows += json.load(f)["rows"]
-    result = summarise(rows, np_, knobs, compare_cycle_ms)
-    result.update({"config": {"np": np_, "sizes": all_sizes, "model": model,
+    result = summarise(rows, knobs, compare_cycle_ms, across_hosts=site.across_hosts)
+    result.update({"config": {"np": list(np_list), "sizes": all_sizes, "model": model,
                               "gradient_bytes": grad_bytes, "gradient_shapes": shapes,
                               "trials": trials, "warmup_ops_excluded": warmup, "gloo": gloo,
-                              "horovod_env": knobs},
+                              "horovod_env": knobs, "site": site.label, "link_rate": site.link_rate,
+                              "time_dilation": site.dilation, "mpi_algorithms": list(mpi_algorithms)},
                    "environment": dict(environment, load_average_at_end=list(os.getloadavg()))})
     write(result, out_dir)
     return result
+
+
+def launches(np_list, common, knobs, compare_cycle_ms, gloo, horovod, site, mpi_algorithms, grpc_sizes,
+             trials, warmup):
+    """(name, command, extra env) of each launch. Raw MPI rows and Horovod rows are
+    separate launches: Horovod's background thread would slow MPI calls beside it."""
+    python = [sys.executable, "-m", "bench.allreduce_worker"]
+    cores = usable_cores()
+    out = []
+    for n in np_list:
+        hosts = site.host_list(n) if site.across_hosts else None
+        tag = f"-n{n}" if len(np_list) > 1 else ""
+        if not mpi_algorithms:
+            out.append((f"mpi{tag}", launch.mpirun(n, python + ["--impls", "mpi4py,ring,memcpy"] + common, cores,
+                                                   hosts=hosts), {}))
+        for algorithm in mpi_algorithms:
+            # one launch per algorithm: OpenMPI reads its choice once, in MPI_Init
+            env = dict(MPI_YIELD_WHEN_IDLE, **MPI_TCP_LINKS, **mpi_allreduce_env(algorithm))
+            out.append((f"mpi-{algorithm}{tag}", launch.mpirun(
+                n, python + ["--impls", "mpi4py", "--mpi-label", f"mpi-{algorithm}"] + common, cores,
+                env_names=sorted(env), hosts=hosts), env))
+        if horovod:
+            # Horovod as ring mode trains: OpenMPI yielding when idle, its ring allreduce
+            env = dict(knobs, **MPI_YIELD_WHEN_IDLE, **MPI_TCP_LINKS, **mpi_allreduce_env("ring"))
+            out.append((f"horovod-mpi{tag}", launch.mpirun(
+                n, python + ["--impls", "horovod", "--horovod-label", "mpi"] + common, cores,
+                env_names=sorted(env), hosts=hosts), env))
+            if compare_cycle_ms is not None:
+                # Horovod's background thread wakes every cycle: at 1 ms that is a floor under
+                # every allreduce; this launch shows what a shorter cycle buys.
+                label = f"mpi-cycle{compare_cycle_ms:g}ms"
+                cycle_env = dict(env, HOROVOD_CYCLE_TIME=f"{compare_cycle_ms:g}")
+                out.append((f"horovod-{label}{tag}", launch.mpirun(
+                    n, python + ["--impls", "horovod", "--horovod-label", label] + common, cores,
+                    env_names=sorted(cycle_env), hosts=hosts), cycle_env))
+        if gloo:
+            out.append((f"gloo{tag}", launch.horovodrun(
+                n, python + ["--impls", "horovod", "--horovod-label", "gloo"] + common, gloo=True,
+                hosts=hosts), knobs))
+    ps_host = site.hosts_for(2)[1] if site.across_hosts and len(site.hosts_for(2)) > 1 else "localhost"
+    out.append(("grpc", [sys.executable, "-m", "bench.grpc_exchange", "--sizes", ",".join(map(str, grpc_sizes)),
+                         "--trials", str(trials), "--warmup", str(warmup), "--ps-host", ps_host], {}))
+    return out
 
 
 def knob_text(knobs):
     return ",".join(f"{k.replace('HOROVOD_', '').lower()}={v}" for k, v in sorted(knobs.items())) or "defaults"
 
 
-def summarise(rows, ranks, knobs, compare_cycle_ms=None):
-    """Median trial time per (impl, size) -> algbw, busbw, % of bounds."""
-    memcpy = {r["bytes"]: r["bytes"] / statistics.median(r["trial_seconds"])
+def summarise(rows, knobs, compare_cycle_ms=None, across_hosts=False):
+    """Median trial time per (impl, size, ranks) -> algbw, busbw, % of bounds, wire bytes."""
+    memcpy = {(r["bytes"], r["world_size"]): r["bytes"] / statistics.median(r["trial_seconds"])
               for r in rows if r["impl"] == "memcpy"}
     out = []
     for r in rows:
-        t = statistics.median(r["trial_seconds"])
+        t, n = statistics.median(r["trial_seconds"]), r["world_size"]
         algbw = r["bytes"] / t
         # memcpy: the copy rate; grpc-ps: S bytes in and S out of the PS per step
-        busbw = {"memcpy": algbw, "grpc-ps": 2 * algbw}.get(r["impl"], algbw * busbw_factor(ranks))
-        out.append({**r, "seconds": t, "time_us": t * 1e6, "algbw_gbs": algbw / 1e9,
-                    "busbw_gbs": busbw / 1e9, "memcpy_gbs": memcpy.get(r["bytes"], float("nan")) / 1e9,
+        busbw = {"memcpy": algbw, "grpc-ps": 2 * algbw}.get(r["impl"], algbw * busbw_factor(n))
+        theory = 2 * r["bytes"] if r["impl"] == "grpc-ps" else None if r["impl"] == "memcpy" else \
+            busbw_factor(n) * r["bytes"]  # ring-optimal: each rank sends 2(n-1)/n of the buffer
+        wire = r.get("wire_bytes_per_op_per_rank") if across_hosts else None  # one host: nothing on a wire
+        out.append({**r, "wire_bytes_per_op_per_rank": wire, "seconds": t, "time_us": t * 1e6, "algbw_gbs": algbw / 1e9,
+                    "busbw_gbs": busbw / 1e9, "memcpy_gbs": memcpy.get((r["bytes"], n), float("nan")) / 1e9,
+                    "wire_bytes_theory": theory,
+                    "wire_pct_of_theory": 100 * wire / theory if wire and theory else None,
                     "knobs": "" if not r["impl"].startswith("horovod") else
                     knob_text(dict(knobs, HOROVOD_CYCLE_TIME=f"{compare_cycle_ms:g}")
                               if "-cycle" in r["impl"] else knobs)})
-    mpi = {r["bytes"]: r["busbw_gbs"] for r in out if r["impl"] == "mpi4py"}
+    mpi = {(r["bytes"], r["world_size"]): r["busbw_gbs"] for r in out if r["impl"] in ("mpi4py", "mpi-default")}
     for r in out:
+        key = (r["bytes"], r["world_size"])
         r["pct_of_memcpy_bound"] = 100 * r["busbw_gbs"] / r["memcpy_gbs"] if r["impl"] != "memcpy" else None
-        r["pct_of_mpi_busbw"] = 100 * r["busbw_gbs"] / mpi[r["bytes"]] \
-            if r["bytes"] in mpi and r["impl"] not in ("memcpy", "grpc-ps") else None
-    out.sort(key=lambda r: (IMPL_ORDER.index(r["impl"]) if r["impl"] in IMPL_ORDER else 99, r["bytes"]))
+        r["pct_of_mpi_busbw"] = 100 * r["busbw_gbs"] / mpi[key] \
+            if key in mpi and r["impl"] not in ("memcpy", "grpc-ps") else None
+    order = lambda r: (r["world_size"], IMPL_ORDER.index(r["impl"]) if r["impl"] in IMPL_ORDER else 50, r["impl"],
+                       r["bytes"])
+    out.sort(key=order)
     fits = {}
     for impl in sorted({r["impl"] for r in out} - {"memcpy"}):
-        pts = [(r["bytes"], r["seconds"]) for r in out if r["impl"] == impl and not impl.endswith("-grads")]
-        fit = stats.fit_alpha_beta(pts, ranks, model="ps" if impl == PS_FIT_IMPL else "ring")
-        if fit:
-            fits[impl] = fit
+        pts = [(r["bytes"], r["world_size"], r["seconds"]) for r in out if r["impl"] == impl
+               and not impl.endswith("-grads")]
+        model = "ps" if impl == PS_FIT_IMPL else "ring"
+        # over every rank count at once, and (as "impl@n") at each: across hosts an
+        # algorithm's effective bandwidth depends on n (2 ranks exchange both ways at once)
+        for key, points in [(impl, pts)] + [(f"{impl}@{n}", [p for p in pts if p[1] == n])
+                                            for n in sorted({p[1] for p in pts})] * (model == "ring"):
+            fit = stats.fit_alpha_beta(points, model=model)
+            if fit and (key == impl or len({p[1] for p in pts}) > 1):
+                fits[key] = fit
     return {"rows": out, "alpha_beta": fits, "alpha_beta_used_for_predictions": FIT_IMPL,
-            "alpha_beta_used_for_ps_predictions": PS_FIT_IMPL,
-            "busbw_factor": busbw_factor(ranks)}
+            "alpha_beta_used_for_ps_predictions": PS_FIT_IMPL}
 
 
 def markdown(result):
-    rows = [{"impl": r["impl"], "size": tables.human_bytes(r["bytes"]), "count": f"{r['count']:,}",
-             "type": r["dtype"], "time_us": tables.fmt(r["time_us"], 1),
+    rows = [{"impl": r["impl"], "ranks": str(r["world_size"]), "size": tables.human_bytes(r["bytes"]),
+             "count": f"{r['count']:,}", "type": r["dtype"], "time_us": tables.fmt(r["time_us"], 1),
              "algbw": tables.fmt(r["algbw_gbs"]), "busbw": tables.fmt(r["busbw_gbs"]),
              "pct_bound": tables.fmt(r["pct_of_memcpy_bound"], 0),
-             "pct_mpi": tables.fmt(r["pct_of_mpi_busbw"], 0), "knobs": r["knobs"]}
+             "pct_mpi": tables.fmt(r["pct_of_mpi_busbw"], 0),
+             "wire": tables.fmt(r["wire_bytes_per_op_per_rank"], 0),
+             "wire_pct": tables.fmt(r["wire_pct_of_theory"], 1), "knobs": r["knobs"]}
             for r in result["rows"]]
     cfg, env = result["config"], result.get("environment", {})
-    head = (f"# Allreduce bandwidth, {cfg['np']} ranks, float32 sum\n\n"
+    where = cfg.get("site") or "this machine"
+    dilation = cfg.get("time_dilation") or 1
+    head = (f"# Allreduce bandwidth, {', '.join(map(str, cfg['np']))} ranks, float32 sum, on {where}\n\n"
             f"Columns are defined in bench/COLUMNS.md (nccl-tests definitions: "
-            f"busbw = algbw * 2(n-1)/n = algbw * {result['busbw_factor']:.3g}). "
+            f"busbw = algbw * 2(n-1)/n). "
             f"Time is the median over {cfg['trials']} trials of the slowest rank's mean time per "
             f"operation; {cfg['warmup_ops_excluded']} warm-up operations excluded. "
             f"The {tables.human_bytes(cfg['gradient_bytes'])} row is {cfg['model']}'s gradient size. "
-            f"{env.get('cores')} cores ({env.get('cpu_model')}); load average (1 min) at start/end "
+            + (f"Times are as measured on links shaped {dilation:g}x slower than {cfg['link_rate']} (not divided). "
+               if dilation != 1 else "")
+            + f"{env.get('cores')} cores ({env.get('cpu_model')}); load average (1 min) at start/end "
             f"{tables.fmt((env.get('load_average_at_start') or [None])[0])}/"
             f"{tables.fmt((env.get('load_average_at_end') or [None])[0])}.\n\n")
     fits = "\n".join(f"- alpha-beta fit, {impl}: alpha = {f['alpha_sec'] * 1e6:.1f} us, "
-                     f"1/beta = {f['bandwidth_gb_per_sec'] or 0:.2f} GB/s "
+                     f"1/beta = {f['bandwidth_gb_per_sec'] or 0:.3f} GB/s "
                      f"(worst relative error {100 * f['max_relative_error']:.0f}%)"
                      for impl, f in result["alpha_beta"].items())
     return head + tables.markdown(COLUMNS, rows) + "\n" + fits + "\n"

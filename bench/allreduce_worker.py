@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from workloads.summary import interface_bytes
+
 TRIAL_BYTES = 64 << 20  # bytes moved per trial: enough iterations to swamp timer noise
 MAX_ITERS, MIN_ITERS = 100, 3
 
@@ -25,30 +27,34 @@ def iterations(nbytes):
     return int(min(MAX_ITERS, max(MIN_ITERS, TRIAL_BYTES // max(nbytes, 1))))
 
 
-def time_interleaved(runs, nbytes, trials, warmup, barrier, slowest):
+def time_interleaved(runs, nbytes, trials, warmup, barrier, slowest, mean):
     """Per-op seconds of each trial, max over ranks, for several implementations
     taken in turn (a, b, c, a, b, c, ...), so that a burst of load from elsewhere
-    hits them alike. Each run(k) performs k back-to-back operations."""
+    hits them alike; and the bytes each rank's host sent per operation (mean
+    over ranks). Each run(k) performs k back-to-back operations."""
     iters = iterations(nbytes)
     for run in runs.values():
         run(warmup)
-    out = {name: [] for name in runs}
+    seconds, sent = {name: [] for name in runs}, {name: 0 for name in runs}
     for _ in range(trials):
         for name, run in runs.items():
             barrier()
-            start = time.perf_counter()
+            tx_before, start = interface_bytes()[1], time.perf_counter()
             run(iters)
-            out[name].append(slowest((time.perf_counter() - start) / iters))
-    return out
+            elapsed, tx_after = time.perf_counter() - start, interface_bytes()[1]
+            seconds[name].append(slowest(elapsed / iters))
+            sent[name] += tx_after - tx_before
+    return seconds, {name: mean(total / (trials * iters)) for name, total in sent.items()}
 
 
 def repeat(op):
     return lambda k: [op() for _ in range(k)]
 
 
-def row(impl, nbytes, seconds, world, iters, note=""):
+def row(impl, nbytes, seconds, world, iters, wire_bytes, note=""):
     return {"impl": impl, "bytes": int(nbytes), "count": int(nbytes // 4), "dtype": "float32",
-            "world_size": world, "iters": iters, "trial_seconds": seconds, "note": note}
+            "world_size": world, "iters": iters, "trial_seconds": seconds,
+            "wire_bytes_per_op_per_rank": wire_bytes, "note": note}
 
 
 def mpi_runs(comm, nbytes):
@@ -76,10 +82,7 @@ class HorovodRuns:
         from workloads.tfenv import import_tensorflow_quietly, set_threads
         tf = self.tf = import_tensorflow_quietly()
         set_threads(1)
-        import horovod.tensorflow as hvd
-        from workloads.horovod_env import MPI_YIELD_WHEN_IDLE
-        for name, value in MPI_YIELD_WHEN_IDLE.items():  # the MPI setting ringtrain trains with
-            os.environ.setdefault(name, value)
+        import horovod.tensorflow as hvd  # (the launch sets the MPI environment ringtrain trains with)
         self.hvd, self.label = hvd, label
         hvd.init()
 
@@ -119,33 +122,39 @@ class HorovodRuns:
         return float(self.hvd.allreduce(self.tf.constant([t], self.tf.float64), op=self.hvd.Max,
                                         name="bench.slowest").numpy()[0])
 
+    def mean(self, x):
+        return float(self.hvd.allreduce(self.tf.constant([x], self.tf.float64), op=self.hvd.Average,
+                                        name="bench.mean").numpy()[0])
 
-def measure(impls, sizes, trials, warmup, grad_shapes, label):
+
+def measure(impls, sizes, trials, warmup, grad_shapes, label, mpi_label="mpi4py"):
     """Rows for the requested implementations. Raw MPI rows and Horovod rows
     come from separate launches: Horovod's background thread runs a collective
     every cycle, which would slow MPI calls made beside it in the same process.
     Within a launch, all implementations of a size are timed in interleaved trials."""
     if "horovod" in impls:
         horovod = HorovodRuns(label)
-        barrier, slowest = horovod.barrier, horovod.slowest
+        barrier, slowest, mean = horovod.barrier, horovod.slowest, horovod.mean
         world, rank = horovod.hvd.size(), horovod.hvd.rank()
         runs_at = horovod.runs
     else:
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
         barrier, slowest = comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX)
+        mean = lambda x: comm.allreduce(x) / comm.Get_size()
         world, rank = comm.Get_size(), comm.Get_rank()
         runs_at = lambda nbytes: {k: v for k, v in mpi_runs(comm, nbytes).items() if k in impls}
     rows = []
     for nbytes in sizes:
         runs = runs_at(nbytes)
-        timed = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest)
-        rows += [row(impl, nbytes, timed[impl], world, iterations(nbytes)) for impl in runs]
+        timed, wire = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest, mean)
+        rows += [row(mpi_label if impl == "mpi4py" else impl, nbytes, timed[impl], world, iterations(nbytes),
+                     wire[impl]) for impl in runs]
     if "horovod" in impls and grad_shapes:
         nbytes = 4 * sum(int(np.prod(s)) for s in grad_shapes)
         runs = horovod.grads_run(grad_shapes)
-        timed = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest)
-        rows += [row(name, nbytes, timed[name], world, iterations(nbytes),
+        timed, wire = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest, mean)
+        rows += [row(name, nbytes, timed[name], world, iterations(nbytes), wire[name],
                      note=f"{len(grad_shapes)} gradient tensors of the model, Average, fused")
                  for name in runs]
     return rows, rank
@@ -155,6 +164,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.allreduce_worker")
     p.add_argument("--impls", required=True, help="comma list of mpi4py,ring,memcpy; or horovod")
     p.add_argument("--horovod-label", default="mpi", help="row name suffix: mpi or gloo")
+    p.add_argument("--mpi-label", default="mpi4py", help="row name of the raw MPI_Allreduce rows")
     p.add_argument("--sizes", required=True, help="comma list of byte counts")
     p.add_argument("--grad-shapes", default="", help="JSON list of gradient shapes")
     p.add_argument("--trials", type=int, default=5)
@@ -164,7 +174,7 @@ def main(argv=None):
     impls = args.impls.split(",")
     sizes = [int(s) for s in args.sizes.split(",")]
     shapes = [tuple(s) for s in json.loads(args.grad_shapes)] if args.grad_shapes else []
-    rows, rank = measure(impls, sizes, args.trials, args.warmup, shapes, args.horovod_label)
+    rows, rank = measure(impls, sizes, args.trials, args.warmup, shapes, args.horovod_label, args.mpi_label)
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"rows": rows, "env": {k: v for k, v in os.environ.items()

@@ -1,18 +1,25 @@
-"""`ringtrain-bench`: measured ring-versus-PS scaling and allreduce bandwidth."""
+"""`ringtrain-bench`: measured ring-versus-PS scaling and allreduce bandwidth,
+on this machine, on the hosts of a hostfile, or on simulated clusters."""
 import argparse
+import contextlib
 import os
 import sys
 import time
 
 from workloads.catalog import MODEL_SPECS
 from workloads.errors import UsageError, run_cli
-from workloads.flags import OneLineParser, positive_int
-from workloads.horovod_env import knob_env
+from workloads.flags import OneLineParser, positive_float, positive_int
+from workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS, knob_env
 
 EXAMPLES = """examples:
   ringtrain-bench allreduce --np 2 --sizes 4K..256M --out bench/results
   ringtrain-bench scaling --modes ring,ps-sync,ps-async --np 1,2 --model mnist_cnn --data synthetic --out bench/results
   ringtrain-bench report --out bench/results       # both, as `make bench` runs them (~8 min on 2 cores)
+
+  across hosts (--hostfile: yours; --cluster H: a simulated cluster of H hosts the bench builds as root):
+  ringtrain-bench scaling --hostfile hosts --np 1,2,4 --modes ring,ring-gloo,ps-sync,ps-async --num-ps 1,N --out r
+  ringtrain-bench scaling --cluster 4 --link-rate 1gbit,10gbit --time-dilation 1,10 --model resnet50 --np 1,2,4 --out r
+  ringtrain-bench allreduce --cluster 4 --link-rate 1gbit --np 2,4 --mpi-algorithms ring,rabenseifner,recursive_doubling --out r
 
 Every column is defined in bench/COLUMNS.md.
 """
@@ -28,22 +35,80 @@ def int_list(text):
     return sorted(set(values))
 
 
+def choice_list(choices, what):
+    def parse(text):
+        values = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [v for v in values if v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(bad) or text!r}: choose from "
+                                             f"{','.join(choices)}")
+        return values
+    return parse
+
+
 def mode_list(text):
     from bench.scaling import MODES
-    modes = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise argparse.ArgumentTypeError(f"unknown mode(s) {', '.join(bad) or text!r}: choose from {','.join(MODES)}")
-    return modes
+    return choice_list(MODES, "mode(s)")(text)
 
 
-def add_allreduce_flags(p, np_default="2"):
+def ps_list(text):
+    """--num-ps: integers, or N for one PS task per worker host."""
+    values = [t.strip() for t in text.split(",") if t.strip()]
+    if not values or any(not (v == "N" or (v.isdigit() and int(v) > 0)) for v in values):
+        raise argparse.ArgumentTypeError(f"expected PS counts like 1 or 1,N (N: one per worker host), got {text!r}")
+    return values
+
+
+def rate_list(text):
+    from multihost.simcluster import RATE
+    values = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [v for v in values if not RATE.match(v)]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"{', '.join(bad) or text!r}: write tc rates such as 1gbit,10gbit")
+    return values
+
+
+def float_list(text):
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected factors >= 1 like 1,10, got {text!r}")
+    return values
+
+
+def add_site_flags(p):
+    g = p.add_argument_group("where (default: this machine)")
+    where = g.add_mutually_exclusive_group()
+    where.add_argument("--hostfile", metavar="FILE",
+                       help="run across the hosts of this OpenMPI hostfile (N fills their slots in order); "
+                            "the bench runs on the first host")
+    where.add_argument("--cluster", type=positive_int, metavar="H",
+                       help="bring up a simulated cluster of H hosts (ringtrain-cluster; needs root) for each "
+                            "--link-rate, and tear it down after")
+    g.add_argument("--link-rate", type=rate_list, default=["1gbit"], metavar="R[,R...]",
+                   help="with --cluster: the link rates to run at (default 1gbit)")
+    g.add_argument("--time-dilation", type=float_list, default=[1.0], metavar="K[,K...]",
+                   help="with --cluster, per link rate: shape links at rate/K and make each simulated "
+                        "accelerator step K times longer, for links faster than this machine can drive; "
+                        "times are divided by K in the tables (default 1)")
+
+
+def add_allreduce_flags(p):
     g = p.add_argument_group("allreduce bench")
     g.add_argument("--sizes", default="4K..256M", metavar="RANGE",
                    help="LO..HI (x4 steps) or a comma list, bytes with K/M/G (default %(default)s); "
                         "the model's gradient size is always added")
     g.add_argument("--trials", type=positive_int, default=5, help="timed trials per size; the median is reported (default 5)")
+    g.add_argument("--warmup-ops", type=positive_int, default=3, metavar="K",
+                   help="operations per size and implementation before the timed trials (default 3)")
     g.add_argument("--no-gloo", action="store_true", help="skip the horovodrun --gloo rows")
+    g.add_argument("--no-horovod", action="store_true", help="skip the Horovod rows")
+    g.add_argument("--mpi-algorithms", type=choice_list(sorted(MPI_ALLREDUCE_ALGORITHMS) + ["default"], "algorithm(s)"),
+                   default=[], metavar="A[,A...]",
+                   help="one raw MPI_Allreduce row set per OpenMPI algorithm, e.g. ring,rabenseifner,"
+                        "recursive_doubling,default (default: OpenMPI's own choice only)")
     g.add_argument("--compare-cycle-time-ms", type=float, metavar="MS",
                    help="also run the Horovod-over-MPI rows with HOROVOD_CYCLE_TIME=MS")
 
@@ -56,12 +121,12 @@ def add_horovod_flags(p):
                    help="HOROVOD_FUSION_THRESHOLD / ringtrain --fusion-threshold-mb (default: 128 MB)")
 
 
-def add_scaling_flags(p, modes_default, np_default):
+def add_scaling_flags(p, modes_default):
     g = p.add_argument_group("scaling bench")
     g.add_argument("--modes", type=mode_list, default=mode_list(modes_default),
-                   help=f"comma list of ring (horovodrun, MPI), ring-gloo (horovodrun --gloo), ps-sync, "
+                   help=f"comma list of ring (mpirun, MPI), ring-gloo (horovodrun --gloo), ps-sync, "
                         f"ps-async, independent (N single-rank trainers at once, nothing exchanged: "
-                        f"the machine's ceiling) (default {modes_default})")
+                        f"the machine's ceiling; on one machine only) (default {modes_default})")
     g.add_argument("--data", choices=("synthetic", "mnist", "cifar10"), default="synthetic",
                    help="dataset (default %(default)s)")
     g.add_argument("--data-dir", metavar="DIR", help="passed to the trainers")
@@ -71,15 +136,29 @@ def add_scaling_flags(p, modes_default, np_default):
                    help="weak: B per worker, global batch N*B; strong: --global-batch split over N")
     g.add_argument("--global-batch", type=positive_int, metavar="G", help="for --scaling strong")
     g.add_argument("--steps", type=positive_int, default=200, metavar="K",
-                   help="steps per run; the first 3 are warm-up and not timed (default %(default)s)")
+                   help="steps per run, warm-up included (default %(default)s)")
+    g.add_argument("--warmup-steps", type=positive_int, default=3, metavar="K",
+                   help="steps not timed at the start of each run (default %(default)s)")
     g.add_argument("--repeats", type=positive_int, default=1, metavar="R",
                    help="run every configuration R times, in interleaved rounds; the table shows the "
                         "median and the range (default %(default)s)")
-    g.add_argument("--num-ps", type=positive_int, default=1, metavar="P", help="PS tasks (default 1)")
+    g.add_argument("--num-ps", type=ps_list, default=["1"], metavar="P[,P...]",
+                   help="PS tasks: counts, or N for one per worker host, colocated as the seeds deploy "
+                        "them (default 1)")
+    g.add_argument("--placement", choices=("round_robin", "greedy", "partitioned"), default="greedy",
+                   help="PS variable placement (ps-baseline --placement; default %(default)s: round_robin "
+                        "deals variables in turn, so with 4 PS tasks and 4 variables per layer one task "
+                        "gets every kernel)")
     g.add_argument("--threads", type=positive_int, default=1, metavar="T",
                    help="TF threads per worker (default 1)")
+    g.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="adam",
+                   help="the trainers' optimizer (default %(default)s)")
+    g.add_argument("--simulate-gpu", type=positive_float, metavar="MS",
+                   help="workers run a simulated accelerator of MS per step (resnet50 and vgg16 always "
+                        "do, by default with a published P100 step time: bench/COLUMNS.md)")
     g.add_argument("--alpha-beta", metavar="FILE",
-                   help="allreduce.json to fit the α-β model from (default: OUT/allreduce.json if present)")
+                   help="on this machine: allreduce.json to fit the α-β model from (default: "
+                        "OUT/allreduce.json if present); across hosts the bench fits its links itself")
 
 
 def add_run_flags(p, np_type, np_default, np_help, timeout, model_help="default %(default)s"):
@@ -100,18 +179,21 @@ def parser():
     common = dict(formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
     a = sub.add_parser("allreduce", help="algbw/busbw of Horovod (MPI, Gloo), MPI_Allreduce, the reference ring",
                        **common)
-    add_run_flags(a, positive_int, 2, "ranks (default 2)", timeout=900,
+    add_run_flags(a, int_list, [2], "ranks, e.g. 2 or 2,4 (default 2)", timeout=900,
                   model_help="whose gradient size to add (default %(default)s)")
     add_allreduce_flags(a)
     add_horovod_flags(a)
-    s = sub.add_parser("scaling", help="ring vs PS throughput, efficiency and step-time split", **common)
+    add_site_flags(a)
+    s = sub.add_parser("scaling", help="ring vs PS throughput, efficiency, step-time split, bytes on the wire",
+                       **common)
     add_run_flags(s, int_list, [1, 2], "worker counts, e.g. 1,2,4 (default 1,2)", timeout=600)
-    add_scaling_flags(s, "ring,ps-sync,ps-async", "1,2")
+    add_scaling_flags(s, "ring,ps-sync,ps-async")
     add_horovod_flags(s)
+    add_site_flags(s)
     r = sub.add_parser("report", help="allreduce bench, then scaling bench (what `make bench` runs)", **common)
     add_run_flags(r, int_list, [1, 2], "scaling worker counts (default 1,2)", timeout=900)
     add_allreduce_flags(r)
-    add_scaling_flags(r, "ring,ps-sync,ps-async,independent", "1,2")
+    add_scaling_flags(r, "ring,ps-sync,ps-async,independent")
     add_horovod_flags(r)
     r.set_defaults(compare_cycle_time_ms=0.1, repeats=2)
     return p
@@ -121,37 +203,89 @@ def horovod_env(args):
     return knob_env(args.cycle_time_ms, args.fusion_threshold_mb)
 
 
+def check_site(args):
+    """One line for a bad combination, before anything starts."""
+    if getattr(args, "hostfile", None):
+        from multihost.hostfile import fill, read_hostfile
+        fill(read_hostfile(args.hostfile), max(args.np), f"hostfile {args.hostfile}")
+    if getattr(args, "cluster", None):
+        if max(args.np) > args.cluster:
+            raise UsageError(f"--np {max(args.np)} needs at least that many hosts: --cluster {max(args.np)}")
+        if len(args.time_dilation) not in (1, len(args.link_rate)):
+            raise UsageError("--time-dilation takes one factor, or one per --link-rate")
+        from multihost.simcluster import check_can_build
+        check_can_build()
+    elif getattr(args, "link_rate", ["1gbit"]) != ["1gbit"] or getattr(args, "time_dilation", [1.0]) != [1.0]:
+        raise UsageError("--link-rate and --time-dilation shape a simulated cluster: add --cluster H")
+
+
+def links(args):
+    dilations = args.time_dilation * len(args.link_rate) if len(args.time_dilation) == 1 else args.time_dilation
+    return list(zip(args.link_rate, dilations))
+
+
+@contextlib.contextmanager
+def single_site(args, log):
+    """This machine, a hostfile's hosts, or one simulated cluster at the first link rate."""
+    from bench import sites
+    if getattr(args, "cluster", None):
+        rate, dilation = links(args)[0]
+        with sites.simulated(args.cluster, rate, dilation, log=log) as site:
+            yield site
+    elif getattr(args, "hostfile", None):
+        yield sites.from_hostfile(args.hostfile)
+    else:
+        yield sites.this_machine()
+
+
 def scaling_config(args):
     from workloads.catalog import model_spec
     model_spec(args.model)
     if args.scaling == "strong" and not args.global_batch:
         raise UsageError("--scaling strong needs --global-batch G (split over N workers)")
+    from workloads.catalog import simulated_step_ms
+    if any(k != 1 for k in getattr(args, "time_dilation", [1.0])) and \
+            not simulated_step_ms(args.model, args.simulate_gpu):
+        raise UsageError("--time-dilation slows the simulated accelerator with the links: add --simulate-gpu MS "
+                         "(or use resnet50 or vgg16)")
+    if args.steps <= args.warmup_steps:
+        raise UsageError(f"--steps {args.steps} leaves no step to time after {args.warmup_steps} warm-up "
+                         "steps: give more --steps or fewer --warmup-steps")
     return {"modes": args.modes, "np": args.np, "model": args.model, "data": args.data,
             "data_dir": args.data_dir, "batch_size": args.batch_size, "scaling": args.scaling,
-            "global_batch": args.global_batch, "steps": args.steps, "num_ps": args.num_ps,
-            "repeats": args.repeats,
+            "global_batch": args.global_batch, "steps": args.steps, "warmup_steps": args.warmup_steps,
+            "num_ps": args.num_ps, "placement": args.placement, "repeats": args.repeats,
             "threads": args.threads, "timeout": args.timeout,
+            "optimizer": args.optimizer, "simulate_gpu_ms": args.simulate_gpu,
             "cycle_time_ms": args.cycle_time_ms, "fusion_threshold_mb": args.fusion_threshold_mb,
             "alpha_beta_json": args.alpha_beta or os.path.join(args.out, "allreduce.json")}
 
 
-def run_allreduce(args, np_):
+def run_allreduce(args, np_list, log):
     from bench import allreduce, tables
     from workloads.catalog import model_spec
     model_spec(args.model)
     sizes = tables.parse_sizes(args.sizes)
-    result = allreduce.run(np_, sizes, args.out, model=args.model, trials=args.trials,
-                           gloo=not args.no_gloo, horovod_env=horovod_env(args), timeout=args.timeout,
-                           compare_cycle_ms=args.compare_cycle_time_ms,
-                           log=lambda m: print(m, file=sys.stderr, flush=True))
+    with single_site(args, log) as site:
+        result = allreduce.run(np_list, sizes, args.out, model=args.model, trials=args.trials, warmup=args.warmup_ops,
+                               gloo=not args.no_gloo, horovod=not args.no_horovod, horovod_env=horovod_env(args),
+                               timeout=args.timeout, compare_cycle_ms=args.compare_cycle_time_ms, log=log,
+                               site=site, mpi_algorithms=args.mpi_algorithms)
     print(allreduce.markdown(result), flush=True)
     return result
 
 
-def run_scaling(args):
-    from bench import scaling
-    result = scaling.run(scaling_config(args), args.out, log=lambda m: print(m, file=sys.stderr, flush=True))
-    print(scaling.markdown(result), flush=True)
+def run_scaling(args, log):
+    from bench import scaling, scaling_report
+    cfg = scaling_config(args)
+    if getattr(args, "cluster", None):
+        rates, dilations = zip(*links(args))
+        text = scaling.run_links(cfg, args.out, args.cluster, rates, dilations, log=log)
+        print(text, flush=True)
+        return text
+    with single_site(args, log) as site:
+        result = scaling.run(cfg, args.out, log=log, site=site)
+    print(scaling_report.markdown(result), flush=True)
     return result
 
 
@@ -159,16 +293,18 @@ def _main(argv):
     args = parser().parse_args(argv)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} is a file: give a directory")
+    check_site(args)
     os.makedirs(args.out, exist_ok=True)
+    log = lambda m: print(m, file=sys.stderr, flush=True)
     start = time.time()
     try:
         if args.command == "allreduce":
-            run_allreduce(args, args.np)
+            run_allreduce(args, args.np, log)
         elif args.command == "scaling":
-            run_scaling(args)
+            run_scaling(args, log)
         else:
-            run_allreduce(args, 2 if max(args.np) < 2 else max(args.np))
-            run_scaling(args)
+            run_allreduce(args, [2 if max(args.np) < 2 else max(args.np)], log)
+            run_scaling(args, log)
     except RuntimeError as e:
         print(f"ringtrain-bench: {e}", file=sys.stderr)
         return 1

@@ -11,14 +11,16 @@ The rows feed the PS α-β fit: t(S) = 2·α + 2·S·β (one push, one pull).
 import argparse
 import json
 import os
-import subprocess
+import socket
 import sys
 import time
 
 import numpy as np
 
 from bench.allreduce_worker import iterations, row
+from multihost import procs
 from multihost.net import free_ports, is_listening, wait_for
+from workloads.summary import interface_bytes
 
 
 def serve(cluster, threads):
@@ -57,13 +59,15 @@ def measure(cluster, sizes, trials, warmup, threads):
             for _ in range(warmup):
                 sess.run(step)
             iters = iterations(nbytes)
-            seconds = []
+            seconds, moved = [], 0
             for _ in range(trials):
-                start = time.perf_counter()
+                before, start = sum(interface_bytes()), time.perf_counter()
                 for _ in range(iters):
                     sess.run(step)
                 seconds.append((time.perf_counter() - start) / iters)
-        rows.append(row("grpc-ps", nbytes, seconds, 2, iters,
+                moved += sum(interface_bytes()) - before
+        # the worker's host sends S (push) and receives S (pull) per step
+        rows.append(row("grpc-ps", nbytes, seconds, 2, iters, moved / (trials * iters),
                         note="one push of S bytes to a PS variable and one pull of S bytes back"))
     return rows
 
@@ -82,23 +86,25 @@ def main(argv=None):
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--ps-host", default="localhost", help="where the PS task runs (over ssh if not here)")
     p.add_argument("--out", required=True)
     p.add_argument("--serve", help=argparse.SUPPRESS)  # internal: run the PS task of this cluster JSON
     args = p.parse_args(argv)
     if args.serve:
         serve(json.loads(args.serve), args.threads)
         return 0
-    ps_port, worker_port = free_ports(2)
-    cluster = {"ps": [f"localhost:{ps_port}"], "worker": [f"localhost:{worker_port}"]}
-    ps = subprocess.Popen([sys.executable, "-m", "bench.grpc_exchange", "--serve", json.dumps(cluster),
-                           "--threads", str(args.threads), "--sizes", "0", "--out", os.devnull])
+    here = "localhost" if args.ps_host == "localhost" else socket.gethostname()
+    cluster = {"ps": [f"{args.ps_host}:{procs.free_ports_on(args.ps_host, 1)[0]}"],
+               "worker": [f"{here}:{free_ports(1, host='')[0]}"]}
+    ps = procs.Process([sys.executable, "-m", "bench.grpc_exchange", "--serve", json.dumps(cluster),
+                        "--threads", str(args.threads), "--sizes", "0", "--out", os.devnull],
+                       host=args.ps_host, cwd=os.getcwd())
     try:
         wait_until_serving(ps, cluster["ps"][0])
         rows = measure(cluster, [int(s) for s in args.sizes.split(",")], args.trials, args.warmup,
                        args.threads)
     finally:
-        ps.kill()
-        ps.wait()
+        ps.stop()
     with open(args.out, "w") as f:
         json.dump({"rows": rows}, f)
     return 0

@@ -10,9 +10,9 @@ during which all of them were running.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
+from multihost import procs
 from workloads.summary import emit, measured_throughput
 
 
@@ -46,9 +46,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     parts = [f"{args.summary_json}.worker{i}" for i in range(args.np)]
-    procs = [subprocess.Popen(command + ["--summary-json", part]) for part in parts]
-    # the caller (bench.launch.run) ends this whole process group on timeout
-    codes = [proc.wait() for proc in procs]
+    trainers = [procs.Process(command + ["--summary-json", part]) for part in parts]
+    try:
+        codes = [trainer.wait() for trainer in trainers]
+    finally:
+        procs.stop_all(trainers)
     if any(codes):
         print(f"bench.independent: worker exit codes {codes}", file=sys.stderr)
         return 1

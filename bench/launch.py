@@ -34,19 +34,22 @@ def tool(name):
     return found
 
 
-def mpirun(np_, command, cores, env_names=()):
-    """mpirun for np_ local ranks; --oversubscribe when ranks outnumber cores.
-    Processes are not bound to cores, as horovodrun does it."""
+def mpirun(np_, command, cores, env_names=(), hosts=None):
+    """mpirun for np_ ranks: on this machine (--oversubscribe when ranks
+    outnumber cores), or on `hosts` ('h1:1,h2:1'). Processes are not bound to
+    cores, as horovodrun does it; PATH goes with them, as on a cluster."""
     cmd = [tool("mpirun"), "-np", str(np_), "--bind-to", "none"]
-    if np_ > cores:
+    if hosts:
+        cmd += ["-H", hosts]
+    elif np_ > cores:
         cmd.append("--oversubscribe")
-    for name in env_names:
+    for name in ["PATH", *env_names]:
         cmd += ["-x", name]
     return cmd + list(command)
 
 
-def horovodrun(np_, command, gloo=False):
-    cmd = [tool("horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}"]
+def horovodrun(np_, command, gloo=False, hosts=None):
+    cmd = [tool("horovodrun"), "-np", str(np_), "-H", hosts or f"localhost:{np_}"]
     if gloo:
         cmd.append("--gloo")
     return cmd + list(command)

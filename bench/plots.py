@@ -7,14 +7,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def busbw_plot(result, path):
     fig, ax = plt.subplots(figsize=(8, 5))
-    impls = []
-    for r in result["rows"]:
-        if r["impl"] not in impls and not r["impl"].endswith("-grads"):
-            impls.append(r["impl"])
-    for impl in impls:
-        pts = sorted((r["bytes"], r["busbw_gbs"]) for r in result["rows"] if r["impl"] == impl)
+    several = len({r["world_size"] for r in result["rows"] if r["impl"] != "grpc-ps"}) > 1
+    lines = list(dict.fromkeys((r["impl"], r["world_size"]) for r in result["rows"]
+                               if not r["impl"].endswith("-grads")))
+    for impl, n in lines:
+        pts = sorted((r["bytes"], r["busbw_gbs"]) for r in result["rows"] if (r["impl"], r["world_size"]) == (impl, n))
         style = dict(linestyle="--", color="grey") if impl == "memcpy" else dict(marker="o")
-        label = "memcpy bound (algbw of np.copyto, all ranks at once)" if impl == "memcpy" else impl
+        label = "memcpy bound (algbw of np.copyto, all ranks at once)" if impl == "memcpy" else \
+            f"{impl}, {n} ranks" if several and impl != "grpc-ps" else impl
         ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, **style)
     for r in result["rows"]:
         if r["impl"].endswith("-grads"):
@@ -23,7 +23,8 @@ def busbw_plot(result, path):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busbw (GB/s) = algbw * 2(n-1)/n")
-    ax.set_title(f"Allreduce bus bandwidth, {result['config']['np']} ranks, float32")
+    ax.set_title(f"Allreduce bus bandwidth, {result['config']['np']} ranks, float32, "
+                 f"{result['config'].get('site') or 'this machine'}", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -31,35 +32,50 @@ def busbw_plot(result, path):
     plt.close(fig)
 
 
-def scaling_plots(rows, throughput_path, efficiency_path):
-    modes = []
-    for r in rows:
-        if r["mode"] not in modes:
-            modes.append(r["mode"])
+def series(rows):
+    """(label, rows by N) of each line: a mode, and for PS a fixed P or P = N."""
+    out = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["workers"])
+        if not mode.startswith("ps-"):
+            out.append((mode, mine))
+            continue
+        grows = [r for r in mine if r["workers"] > 1 and r["num_ps"] == r["workers"]]
+        for p in sorted({r["num_ps"] for r in mine if r not in grows}):
+            out.append((f"{mode} P={p}", [r for r in mine if r["num_ps"] == p and r not in grows]))
+        if grows:
+            out.append((f"{mode} P=N", [r for r in mine if r["workers"] == 1][:1] + grows))
+    return out
+
+
+def scaling_plots(rows, throughput_path, efficiency_path, title=None):
     fig, ax = plt.subplots(figsize=(7, 5))
     fig2, ax2 = plt.subplots(figsize=(7, 5))
-    for i, mode in enumerate(modes):
-        pts = sorted((r["workers"], r) for r in rows if r["mode"] == mode)
+    for i, (label, pts) in enumerate(series(rows)):
         color = f"C{i}"
-        n = [p[0] for p in pts]
-        ax.plot(n, [p[1]["total_images_per_sec"] for p in pts], marker="o", color=color,
-                label=f"{mode} measured")
-        base = next((p[1]["total_images_per_sec"] for p in pts if p[0] == 1), None)
+        n = [r["workers"] for r in pts]
+        ax.plot(n, [r["total_images_per_sec"] for r in pts], marker="o", color=color, label=f"{label} measured")
+        base = next((r["total_images_per_sec"] for r in pts if r["workers"] == 1), None)
         if base:
-            ax.plot(n, [base * k for k in n], linestyle=":", color=color, label=f"{mode} ideal N*T1")
-        eff = [(p[0], p[1]["efficiency"]) for p in pts if p[1]["efficiency"] is not None]
+            ax.plot(n, [base * k for k in n], linestyle=":", color=color, label=f"{label} ideal N*T1")
+        eff = [(r["workers"], r["efficiency"]) for r in pts if r["efficiency"] is not None]
         if eff:
-            ax2.plot([e[0] for e in eff], [100 * e[1] for e in eff], marker="o", color=color, label=mode)
+            ax2.plot([e[0] for e in eff], [100 * e[1] for e in eff], marker="o", color=color, label=label)
+        predicted = [(r["workers"], r.get("predicted_efficiency")) for r in pts if r.get("predicted_efficiency")]
+        if predicted:
+            ax2.plot([e[0] for e in predicted], [100 * e[1] for e in predicted], linestyle="--", color=color,
+                     alpha=0.6, label=f"{label} α-β")
     ax.set_xlabel("N workers")
     ax.set_ylabel("measured total images/sec")
-    ax.set_title("Total throughput against N (dotted: ideal linear scaling)")
+    ax.set_title("Total throughput against N (dotted: ideal linear scaling)" + (f"\n{title}" if title else ""),
+                 fontsize=9)
     ax2.axhline(100, color="grey", linestyle=":", label="ideal")
     ax2.set_xlabel("N workers")
     ax2.set_ylabel("efficiency T_N / (N * T_1), %")
-    ax2.set_title("Scaling efficiency against N")
+    ax2.set_title("Scaling efficiency against N (dashed: α-β)" + (f"\n{title}" if title else ""), fontsize=9)
     for a, f, p in ((ax, fig, throughput_path), (ax2, fig2, efficiency_path)):
         a.grid(True, alpha=0.3)
-        a.legend(fontsize=8)
+        a.legend(fontsize=7)
         a.set_xticks(sorted({r["workers"] for r in rows}))
         f.tight_layout()
         f.savefig(p, dpi=100)

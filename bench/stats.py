@@ -26,25 +26,86 @@ def ring_allreduce_seconds(nbytes, ranks, alpha, beta):
 
 
 def ps_exchange_seconds(nbytes, workers, num_ps, alpha, beta):
-    """One synchronous PS step: every worker pushes its gradients and pulls
-    the weights; each of the P PS tasks holds 1/P of the variables, so each
-    serves W*S/P bytes in and W*S/P bytes out, one message per worker."""
+    """One push and one pull through a PS task's link, the workers one after
+    the other: each of P tasks serves W*S/P bytes in and W*S/P out. (The
+    single-PS push/pull bench fits α and β with this at W = P = 1.)"""
     return 2 * (workers * alpha + workers * nbytes / num_ps * beta)
 
 
-def fit_alpha_beta(rows, ranks, model="ring"):
-    """Fit alpha and beta to (bytes, seconds) pairs by least squares on
-    relative error (sizes span five orders of magnitude). model "ring":
-    t = 2(n-1)*alpha + 2(n-1)/n * S * beta (an allreduce over n ranks);
-    model "ps": t = 2*alpha + 2*S*beta (one push and one pull, bench.grpc_exchange:
-    ps_exchange_seconds with one worker and one PS).
-    Returns alpha (s), beta (s/byte), and the fit's worst relative error."""
-    if len(rows) < 2 or (model == "ring" and ranks < 2):
-        return None
-    S = np.array([r[0] for r in rows], float)
-    t = np.array([r[1] for r in rows], float)
+def link_loads(worker_hosts, ps_hosts, ps_bytes):
+    """Bytes each host sends in one push of every worker's gradients to every
+    PS task on another host (a pull sends the same, the other way), and
+    receives: ({host: out}, {host: in})."""
+    out, into = {}, {}
+    for w in worker_hosts:
+        for p, nbytes in zip(ps_hosts, ps_bytes):
+            if w != p:
+                out[w] = out.get(w, 0) + nbytes
+                into[p] = into.get(p, 0) + nbytes
+    return out, into
+
+
+def ring_step_seconds(compute, backward, nbytes, ranks, alpha, beta):
+    """A ring-mode step: Horovod starts each gradient's allreduce as backprop
+    produces it, so the allreduce hides behind the backward pass and only
+    what outlasts it adds to the compute."""
+    return compute + max(0.0, ring_allreduce_seconds(nbytes, ranks, alpha, beta) - backward)
+
+
+def ps_step_seconds(compute, forward, backward, worker_hosts, ps_hosts, ps_bytes, alpha, beta, sync=True):
+    """A PS step, the mean over workers. Gradients are pushed as backprop
+    produces them and weights pulled as the forward pass reads them, so a
+    push of T seconds shows only max(0, T - backward), a pull max(0, T - forward),
+    each plus one alpha. Sync: every worker pushes at once, then pulls at once,
+    so T is the busiest link's load one way (a PS's inbound link carries every
+    remote worker's share) times beta, the same for all. Async: workers are out
+    of phase; a worker's own transfers take its own bytes times beta, but a
+    round of every remote worker's step cannot beat the busiest link, whose two
+    directions now carry pushes and pulls at once; a worker whose PS tasks are
+    all on its own host uses no link."""
+    out, into = link_loads(worker_hosts, ps_hosts, ps_bytes)
+    busiest = max(list(out.values()) + list(into.values()), default=0)
+    if not busiest:
+        return compute
+    exchange = lambda seconds: 2 * alpha + max(0.0, seconds - backward) + max(0.0, seconds - forward)
+    if sync:
+        return compute + exchange(busiest * beta)
+    steps = [max(compute + exchange(out.get(w, 0) * beta), busiest * beta + 2 * alpha) if out.get(w) else compute
+             for w in worker_hosts]
+    return sum(steps) / len(steps)
+
+
+def ring_wire_bytes(hosts_by_rank, nbytes):
+    """Bytes sent over host links in one ring allreduce of nbytes: each rank
+    sends 2(n-1)/n of the buffer to the next rank, which crosses a wire only
+    where that rank is on another host."""
+    n = len(hosts_by_rank)
+    return sum(2 * (n - 1) / n * nbytes for r in range(n) if hosts_by_rank[r] != hosts_by_rank[(r + 1) % n])
+
+
+def ps_wire_bytes(worker_hosts, ps_hosts, ps_bytes):
+    """Bytes each worker's step sends over host links: it pushes its gradient
+    share to, and pulls the weights back from, every PS task on another host."""
+    return [2 * sum(nbytes for p, nbytes in zip(ps_hosts, ps_bytes) if p != w) for w in worker_hosts]
+
+
+def fit_alpha_beta(rows, ranks=None, model="ring"):
+    """Fit alpha and beta by least squares on relative error (sizes span five
+    orders of magnitude) to rows of (bytes, seconds) at `ranks` ranks, or of
+    (bytes, ranks, seconds). model "ring": t = 2(n-1)*alpha + 2(n-1)/n * S * beta
+    (an allreduce over n ranks); model "ps": t = 2*alpha + 2*S*beta (one push
+    and one pull, bench.grpc_exchange: ps_exchange_seconds with one worker and
+    one PS). Returns alpha (s), beta (s/byte), and the fit's worst relative error."""
+    points = [(r[0], ranks, r[1]) if len(r) == 2 else tuple(r) for r in rows]
     if model == "ring":
-        A = np.stack([np.full_like(S, 2 * (ranks - 1)), 2 * (ranks - 1) / ranks * S], axis=1)
+        points = [p for p in points if p[1] and p[1] >= 2]
+    if len(points) < 2:
+        return None
+    S = np.array([p[0] for p in points], float)
+    n = np.array([p[1] or 1 for p in points], float)
+    t = np.array([p[2] for p in points], float)
+    if model == "ring":
+        A = np.stack([2 * (n - 1), 2 * (n - 1) / n * S], axis=1)
     else:
         A = np.stack([np.full_like(S, 2.0), 2 * S], axis=1)
     w = 1.0 / t
@@ -53,5 +114,5 @@ def fit_alpha_beta(rows, ranks, model="ring"):
     pred = A @ np.array([alpha, beta])
     return {"alpha_sec": alpha, "beta_sec_per_byte": beta, "model": model,
             "bandwidth_gb_per_sec": 1e-9 / beta if beta > 0 else None,
-            "max_relative_error": float(np.max(np.abs(pred - t) / t)), "ranks": ranks,
-            "points": len(rows)}
+            "max_relative_error": float(np.max(np.abs(pred - t) / t)),
+            "ranks": sorted({int(p[1]) for p in points if p[1]}), "points": len(points)}

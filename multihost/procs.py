@@ -20,7 +20,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from multihost.net import is_local_host
+from multihost.net import free_ports, is_local_host
+from workloads.errors import UsageError
 
 STOP_GRACE_SEC = 5.0  # SIGTERM, then SIGKILL after this long
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
@@ -197,6 +198,18 @@ def run(argv, timeout=None, host=None, cwd=None, env=None, log_path=None):
         process.stop()
     return Finished(process.returncode, "".join(process.stdout), "".join(process.stderr),
                     time.monotonic() - start, timed_out)
+
+
+def free_ports_on(host, count):
+    """`count` free ports on `host`: asked of the host itself, over ssh for another one."""
+    if not host or is_local_host(host):
+        return free_ports(count)
+    done = run([sys.executable, "-m", "multihost.net", "free-ports", str(count)], host=host, timeout=60)
+    if done.returncode != 0 or done.timed_out:
+        reason = (done.stderr.strip().splitlines() or ["timed out"])[-1]
+        raise UsageError(f"cannot start tasks on {host}: {reason}; check that `ssh {host} true` "
+                         "works without a password and that hosts share this install path")
+    return [int(port) for port in done.stdout.split()]
 
 
 def _signal_name(number):

@@ -16,6 +16,7 @@ route. Every process of a host shares its sshd's namespaces; the sshd's
 PID is the host's handle, and `down` ends every process in a host's
 network namespace.
 """
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from workloads.errors import UsageError
 
 STATE_ROOT = "/run/ringtrain-cluster"
+PRIVSEP_DIR = "/run/sshd"
 NETNS_ETC = "/etc/netns"
 SUPERNET = (198, 18)          # 198.18.0.0/15 (RFC 2544); each cluster takes a /24 of it
 IFACE = "eth0"                # the same interface name on every host, as horovodrun needs
@@ -69,6 +71,11 @@ def rate_bits_per_sec(text):
         raise ValueError(f"{text!r} is not a tc rate")
     value, prefix, unit = m.groups()
     return float(value) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[prefix] * (8 if unit == "bps" else 1)
+
+
+def scaled_rate(text, factor):
+    """A tc rate times `factor`, as a tc rate in kbit ('10gbit' x 0.1 -> '1000000kbit')."""
+    return f"{max(1, round(rate_bits_per_sec(text) * factor / 1e3))}kbit"
 
 
 def _seconds(text):
@@ -293,7 +300,9 @@ def _new_hostname(name):
 
 def _start_sshd(cluster, host):
     hostdir = os.path.join(cluster.state_dir, host.name)
-    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
+    if not os.path.isdir(PRIVSEP_DIR):  # sshd's privilege-separation directory: ours to remove
+        os.makedirs(PRIVSEP_DIR)
+        open(os.path.join(STATE_ROOT, ".made-privsep-dir"), "w").close()
     with open(os.devnull, "r+b") as null:
         proc = subprocess.Popen(
             ["ip", "netns", "exec", host.netns, shutil.which("sshd", path="/usr/sbin:/sbin:" + os.environ.get(
@@ -382,6 +391,12 @@ def down(name, quiet=False, log=print):
         if ours.match(leftover):
             shutil.rmtree(os.path.join(NETNS_ETC, leftover), ignore_errors=True)
     shutil.rmtree(os.path.join(STATE_ROOT, name), ignore_errors=True)
+    if os.path.isdir(STATE_ROOT) and not [n for n in os.listdir(STATE_ROOT) if not n.startswith(".")]:
+        # the last cluster: what `up` made for all of them goes too
+        if os.path.exists(os.path.join(STATE_ROOT, ".made-privsep-dir")):
+            with contextlib.suppress(OSError):
+                os.rmdir(PRIVSEP_DIR)
+        shutil.rmtree(STATE_ROOT, ignore_errors=True)
     # Last: the route that kept cluster traffic on this machine.
     sh("ip", "route", "del", "unreachable", f"{subnet_of(name)}.0/24", check=False)
     if not quiet:

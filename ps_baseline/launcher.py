@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 
 from multihost import hostfile, procs
-from multihost.net import free_ports, is_local_host
 from ps_baseline.options import PROG, add_mode_flags, check_mode
 from workloads.console import Console
 from workloads.errors import UsageError
@@ -102,17 +101,7 @@ def assign_ports(tasks):
     """A free port for every task, asked of its own host (over ssh for others)."""
     for host in dict.fromkeys(t.host for t in tasks):
         mine = [t for t in tasks if t.host == host]
-        if is_local_host(host):
-            ports = free_ports(len(mine))
-        else:
-            done = procs.run([sys.executable, "-m", "multihost.net", "free-ports", str(len(mine))],
-                             host=host, timeout=60)
-            if done.returncode != 0 or done.timed_out:
-                reason = (done.stderr.strip().splitlines() or ["timed out"])[-1]
-                raise UsageError(f"cannot start tasks on {host}: {reason}; check that `ssh {host} true` "
-                                 "works without a password and that hosts share this install path")
-            ports = [int(p) for p in done.stdout.split()]
-        for task, port in zip(mine, ports):
+        for task, port in zip(mine, procs.free_ports_on(host, len(mine))):
             task.port = port
 
 

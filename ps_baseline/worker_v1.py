@@ -78,6 +78,7 @@ class ReplicaGraph:
     coordination: Coordination
     model_variables: list
     simulated: bool  # on the simulated accelerator: nothing worth evaluating
+    ps_bytes: list   # bytes of trainable variables on each PS task: what a worker pushes and pulls there
 
 
 def build_graph(tf, args, cluster_spec, num_workers, image_shape):
@@ -102,7 +103,9 @@ def build_graph(tf, args, cluster_spec, num_workers, image_shape):
                 tf.compat.v1.global_variables()))
     coordination = build_coordination(tf, args, num_workers, num_ps, train.optimizer)
     coordination.uninitialized = uninitialized
-    return ReplicaGraph(feeds, train, test_metrics, coordination, model_variables, models.is_simulated(model))
+    per_ps = placement.describe(tf.compat.v1.trainable_variables())[1]
+    return ReplicaGraph(feeds, train, test_metrics, coordination, model_variables, models.is_simulated(model),
+                        [per_ps.get(f"/job:ps/task:{i}", 0) for i in range(num_ps)])
 
 
 def build_train_ops(tf, args, model, feeds, num_workers):
@@ -229,7 +232,7 @@ def train(args, cluster, dataset):
         num_ps=num_ps, reporting_workers=sorted(r.task_index for r in worker_reports),
         hosts=[r.host for r in sorted(worker_reports, key=lambda r: r.task_index)],
         checkpoint=tf.train.latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None,
-        api="v1", placement=args.placement,
+        api="v1", placement=args.placement, ps_bytes=g.ps_bytes, gradient_bytes=sum(g.ps_bytes),
         **(reports.staleness_fields(worker_reports) if mode == "ps-async" else {}))
     console.finish(summary, args.summary_json)
     # PS: training is over; let the PS tasks exit instead of joining forever.
@@ -264,7 +267,7 @@ def run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch, n
     local_step, global_step = raw([ops.worker_steps[task], ops.global_step])
     if local_step:
         console.line(f"resuming at my step {local_step}, global step {global_step}")
-    timer, staleness = StepTimer(), reports.Staleness()
+    timer, staleness = StepTimer(args.warmup_steps), reports.Staleness()
     window_loss = window_count = 0.0
 
     def finished():

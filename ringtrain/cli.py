@@ -3,6 +3,7 @@ import os
 import sys
 
 from workloads import flags
+from workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS
 from workloads.errors import UsageError, run_cli
 
 EXAMPLES = """examples:
@@ -38,6 +39,10 @@ def parser():
     r.add_argument("--timeline", "--horovod-timeline", metavar="FILE",
                    help="write a Horovod timeline (chrome://tracing); under horovodrun, which "
                         "claims --timeline itself, spell it --horovod-timeline")
+    r.add_argument("--mpi-allreduce", choices=sorted(MPI_ALLREDUCE_ALGORITHMS) + ["default"], default="ring",
+                   metavar="ALG", help="OpenMPI's allreduce algorithm for the gradients: ring (default: "
+                   "scatter-reduce then allgather, as the seeds describe), rabenseifner, recursive_doubling, "
+                   "segmented_ring, ..., or default (OpenMPI picks by size and ranks); not used under Gloo")
     r.add_argument("--mpi-busy-wait", action="store_true",
                    help="let OpenMPI spin while waiting (its default); ringtrain otherwise sets "
                         "OMPI_MCA_mpi_yield_when_idle=1, which is faster when ranks share cores")

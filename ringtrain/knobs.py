@@ -1,14 +1,15 @@
 """Horovod's knobs and the learning-rate recipe, mapped from ringtrain's flags."""
 import os
 
-from workloads.horovod_env import MPI_YIELD_WHEN_IDLE, knob_env
+from workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, knob_env, mpi_allreduce_env
 
 
 def apply_before_init(args):
     """Horovod and MPI read these from the environment in hvd.init()."""
-    if not args.mpi_busy_wait:
-        for name, value in MPI_YIELD_WHEN_IDLE.items():
-            os.environ.setdefault(name, value)  # a user's own setting wins
+    mpi_env = dict(mpi_allreduce_env(args.mpi_allreduce), **MPI_TCP_LINKS,
+                   **({} if args.mpi_busy_wait else MPI_YIELD_WHEN_IDLE))
+    for name, value in mpi_env.items():
+        os.environ.setdefault(name, value)  # a user's own setting wins
     os.environ.update(knob_env(args.cycle_time_ms, args.fusion_threshold_mb,
                                os.path.abspath(args.timeline) if args.timeline else None))
 

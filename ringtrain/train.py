@@ -13,6 +13,7 @@ from ringtrain import knobs
 from ringtrain.chief import Chief
 from workloads import models, pipeline
 from workloads.evaluation import Evaluation, evaluate
+from workloads.horovod_env import allreduce_algorithm_in_effect
 from workloads.optimizers import keras_optimizer
 from workloads.sharding import steps_per_epoch
 from workloads.summary import StepTimer, build_summary
@@ -51,7 +52,7 @@ def train(args, dataset):
     # Horovod: each rank reads its own disjoint shard of every epoch.
     batches = pipeline.batches_from(dataset, hvd.rank(), hvd.size(), args.batch_size, args.seed,
                                     progress.epoch, skip, args.threads)
-    timer, losses, wall_start = StepTimer(), LossWindow(), time.perf_counter()
+    timer, losses, wall_start = StepTimer(args.warmup_steps), LossWindow(), time.perf_counter()
     epoch = done_in_epoch = None
     for step, (epoch, done_in_epoch, batch) in zip(range(step + 1, total_steps + 1), batches):
         optimizer.learning_rate.assign(lr_at(step - 1))
@@ -74,7 +75,9 @@ def train(args, dataset):
     summary = build_summary(
         "ring", args, dataset, world_size=hvd.size(), steps=step, epochs=step / per_epoch,
         train_loss=losses.last, evaluation=evaluation, wall_seconds=wall_seconds, reports=reports,
-        controller="mpi" if hvd.mpi_enabled() else "gloo", hosts=hosts, checkpoint=chief.ckpt.latest)
+        controller="mpi" if hvd.mpi_enabled() else "gloo", hosts=hosts, checkpoint=chief.ckpt.latest,
+        allreduce_algorithm=allreduce_algorithm_in_effect("mpi" if hvd.mpi_enabled() else "gloo"),
+        gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables))
     chief.console.finish(summary, args.summary_json)
     if args.dump_weights:
         np.savez(args.dump_weights.format(rank=hvd.rank()), *[v.numpy() for v in model.variables])

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from bench import scaling, stats, tables
+from bench import scaling_report, stats, tables
 from bench.launch import child_env
+from bench.scaling_rows import build
 from helpers import assert_one_line_error, run
 
 BENCH = [sys.executable, "-m", "bench"]
@@ -23,50 +24,52 @@ def summary(mode, n, per_worker_rate, step_sec, num_ps=None, total=None):
          "step_time_sec": [step_sec] * n, "timed_samples": 64 * 47 * n, "timed_seconds": 3.0,
          "wall_time_sec": 9.0, "train_loss": 0.5, "test_accuracy": 0.8, "config": {}}
     if num_ps:
-        s.update(num_ps=num_ps, staleness_mean=0.5, staleness_max=2)
+        s.update(num_ps=num_ps, ps_bytes=[GRADIENT_BYTES // num_ps] * num_ps, staleness_mean=0.5, staleness_max=2)
+    if mode.startswith("ring"):
+        s.update(gradient_bytes=GRADIENT_BYTES, allreduce_algorithm="mpi ring")
     return s
 
 
+GRADIENT_BYTES = 4_800_000
 CFG = {"modes": ["ring", "ps-sync", "ps-async"], "np": [1, 2], "model": "mnist_cnn",
        "data": "synthetic", "batch_size": 64, "scaling": "weak", "global_batch": None,
-       "steps": 50, "num_ps": 1, "threads": 1, "timeout": 60, "cores": 2,
+       "steps": 50, "num_ps": ["1"], "threads": 1, "timeout": 60, "cores": 2,
        "environment": {"cores": 2, "cpu_model": "test"}}
 FIT = {"alpha_sec": 50e-6, "beta_sec_per_byte": 1 / 3e9, "bandwidth_gb_per_sec": 3.0}
 PS_FIT = {"alpha_sec": 300e-6, "beta_sec_per_byte": 1 / 1e9, "bandwidth_gb_per_sec": 1.0}
 
 
 def recorded_result():
-    summaries = {("ring", 1): summary("ring", 1, 1000, 0.064), ("ring", 2): summary("ring", 2, 950, 0.067),
-                 ("ps-sync", 1): summary("ps-sync", 1, 800, 0.080, 1),
-                 ("ps-sync", 2): summary("ps-sync", 2, 600, 0.106, 1),
-                 ("ps-async", 1): summary("ps-async", 1, 850, 0.075, 1),
-                 ("ps-async", 2): summary("ps-async", 2, 700, 0.091, 1)}
-    summaries.update({("independent", 1): summary("independent", 1, 1010, 0.063),
-                      ("independent", 2): summary("independent", 2, 990, 0.0645)})
-    return scaling.build({k: [v] for k, v in summaries.items()}, CFG, FIT, 4_800_000, PS_FIT)
+    summaries = {("ring", 1, 0): summary("ring", 1, 1000, 0.064), ("ring", 2, 0): summary("ring", 2, 950, 0.067),
+                 ("ps-sync", 1, 1): summary("ps-sync", 1, 800, 0.080, 1),
+                 ("ps-sync", 2, 1): summary("ps-sync", 2, 600, 0.106, 1),
+                 ("ps-async", 1, 1): summary("ps-async", 1, 850, 0.075, 1),
+                 ("ps-async", 2, 1): summary("ps-async", 2, 700, 0.091, 1)}
+    summaries.update({("independent", 1, 0): summary("independent", 1, 1010, 0.063),
+                      ("independent", 2, 0): summary("independent", 2, 990, 0.0645)})
+    return build({k: [v] for k, v in summaries.items()}, CFG, FIT, PS_FIT)
 
 
 def test_rounds_give_the_median_run_and_the_median_per_round_efficiency():
     # round 2 ran on a loaded machine: N=1 and N=2 both slow, their ratio still good
     ring1 = [summary("ring", 1, 1000, 0.064), summary("ring", 1, 500, 0.128), summary("ring", 1, 900, 0.07)]
     ring2 = [summary("ring", 2, 950, 0.067), summary("ring", 2, 480, 0.133), summary("ring", 2, 700, 0.09)]
-    rows = {r["workers"]: r for r in scaling.build({("ring", 1): ring1, ("ring", 2): ring2},
-                                                   dict(CFG, modes=["ring"]), FIT, 4_800_000)["rows"]}
+    rows = {r["workers"]: r for r in build({("ring", 1, 0): ring1, ("ring", 2, 0): ring2},
+                                           dict(CFG, modes=["ring"]), FIT)["rows"]}
     per_round = sorted(b["images_per_sec"] / a["images_per_sec"] for a, b in zip(ring1, ring2))
     assert rows[2]["rounds"] == 3
     assert rows[2]["speedup"] == pytest.approx(per_round[1])
     assert rows[2]["efficiency_min"] == pytest.approx(per_round[0] / 2)
     assert rows[2]["efficiency_max"] == pytest.approx(per_round[2] / 2)
     assert rows[2]["total_images_per_sec"] == pytest.approx(sorted(s["images_per_sec"] for s in ring2)[1])
-    assert "(" in scaling.efficiency_text(rows[2])
+    assert "(" in scaling_report.efficiency_text(rows[2])
 
 
 def test_share_of_the_independent_ceiling_is_taken_round_by_round():
     ring2 = [summary("ring", 2, 900, 0.07), summary("ring", 2, 400, 0.16)]
     independent2 = [summary("independent", 2, 1000, 0.064), summary("independent", 2, 500, 0.128)]
-    runs = {("ring", 2): ring2, ("independent", 2): independent2}
-    rows = {r["mode"]: r for r in scaling.build(runs, dict(CFG, modes=["ring", "independent"]),
-                                                FIT, 4_800_000)["rows"]}
+    runs = {("ring", 2, 0): ring2, ("independent", 2, 0): independent2}
+    rows = {r["mode"]: r for r in build(runs, dict(CFG, modes=["ring", "independent"]), FIT)["rows"]}
     assert rows["ring"]["fraction_of_independent"] == pytest.approx(0.85)  # median of 0.9 and 0.8
     assert rows["independent"]["fraction_of_independent"] == pytest.approx(1.0)
     assert rows["independent"]["compute_time_ms"] is None
@@ -84,9 +87,9 @@ def test_speedup_and_efficiency_are_against_the_same_mode_at_one_worker():
 def test_total_is_the_launchers_measured_total_not_the_per_worker_rate_times_n():
     # Both workers' windows average 1000 img/s, but one worker also stalled between
     # windows: the launcher measured 1500 img/s in all, and that is the total.
-    runs = {("ring", 1): [summary("ring", 1, 1000, 0.064)],
-            ("ring", 2): [summary("ring", 2, 1000, 0.064, total=1500.0)]}
-    rows = {r["workers"]: r for r in scaling.build(runs, dict(CFG, modes=["ring"]), FIT, 4_800_000)["rows"]}
+    runs = {("ring", 1, 0): [summary("ring", 1, 1000, 0.064)],
+            ("ring", 2, 0): [summary("ring", 2, 1000, 0.064, total=1500.0)]}
+    rows = {r["workers"]: r for r in build(runs, dict(CFG, modes=["ring"]), FIT)["rows"]}
     assert rows[2]["per_worker_images_per_sec_mean"] == pytest.approx(1000)
     assert rows[2]["total_images_per_sec"] == 1500.0
     assert rows[2]["efficiency"] == pytest.approx(0.75)
@@ -98,14 +101,63 @@ def test_exposed_communication_is_step_minus_independent_trainers_step():
     assert rows[("ps-sync", 2)]["compute_time_ms"] == pytest.approx(64.5)
 
 
-def test_alpha_beta_prediction_uses_the_ring_and_ps_formulas():
+def test_alpha_beta_prediction_adds_what_the_exchange_does_not_hide():
     rows = {(r["mode"], r["workers"]): r for r in recorded_result()["rows"]}
     ring = stats.ring_allreduce_seconds(4_800_000, 2, 50e-6, 1 / 3e9)
     assert ring == pytest.approx(2 * 50e-6 + 4_800_000 / 3e9)
-    assert rows[("ring", 2)]["predicted_step_time_ms"] == pytest.approx(64.5 + 1e3 * ring)
-    ps = stats.ps_exchange_seconds(4_800_000, 2, 1, 300e-6, 1 / 1e9)  # the gRPC fit
-    assert rows[("ps-sync", 2)]["predicted_step_time_ms"] == pytest.approx(64.5 + 1e3 * ps)
+    # 1.7 ms of allreduce hides behind 43 ms of backward (2/3 of the 64.5 ms compute)
+    assert rows[("ring", 2)]["predicted_step_time_ms"] == pytest.approx(64.5)
+    # two workers push into one PS: 9.6 MB one way on its link, 9.6 ms, hidden by backward but not by forward
+    one_way = 2 * 4_800_000 / 1e9
+    ps = 0.0645 + 2 * 300e-6 + max(0, one_way - 0.0645 * 2 / 3) + max(0, one_way - 0.0645 / 3)
+    assert rows[("ps-sync", 2)]["predicted_step_time_ms"] == pytest.approx(1e3 * ps)
     assert rows[("ring", 1)]["predicted_comm_ms"] == 0.0
+
+
+def test_ring_allreduce_shows_only_where_it_outlasts_backprop():
+    assert stats.ring_step_seconds(1.0, 0.6, 100, 2, alpha=0.0, beta=0.001) == pytest.approx(1.0)  # 0.1 s hidden
+    assert stats.ring_step_seconds(1.0, 0.6, 1000, 4, alpha=0.0, beta=0.001) == pytest.approx(1.0 + 1.5 - 0.6)
+
+
+def test_ps_streams_share_the_busiest_link_and_only_remote_bytes_cross_a_wire():
+    # 4 workers on 4 hosts, one PS beside worker 0: its link carries 3 workers' pushes, then pulls
+    workers, ps = ["h1", "h2", "h3", "h4"], ["h1"]
+    step = stats.ps_step_seconds(1.0, forward=0.3, backward=0.6, worker_hosts=workers, ps_hosts=ps,
+                                 ps_bytes=[100], alpha=0.1, beta=0.01)
+    assert step == pytest.approx(1.0 + 0.2 + (3 - 0.6) + (3 - 0.3))
+    assert stats.ps_wire_bytes(workers, ps, [100]) == [0, 200, 200, 200]
+    # async: each remote worker's own 100 B take 1 s each way, but a round of the 3 cannot
+    # beat 3 s on the PS's link; h1's worker, beside the PS, uses no link
+    async_step = stats.ps_step_seconds(1.0, 0.3, 0.6, workers, ps, [100], 0.1, 0.01, sync=False)
+    own = 1.0 + 0.2 + (1 - 0.6) + (1 - 0.3)
+    assert async_step == pytest.approx((1.0 + 3 * max(own, 3 + 0.2)) / 4)
+    # one PS per host: each link carries 3 of the 4 shares, both ways (the bandwidth-optimal case)
+    assert stats.ps_step_seconds(0.0, 0.0, 0.0, workers, workers, [25] * 4, 0.0, 0.01) == pytest.approx(2 * 0.75)
+    assert stats.ps_wire_bytes(workers, workers, [25] * 4) == [2 * 3 * 25] * 4
+    # ring: 2(n-1)/n of the buffer from each rank to the next; same-host neighbours stay off the wire
+    assert stats.ring_wire_bytes(["h1", "h2", "h3", "h4"], 100) == pytest.approx(4 * 1.5 * 100)
+    assert stats.ring_wire_bytes(["h1", "h1", "h2", "h2"], 100) == pytest.approx(2 * 1.5 * 100)
+
+
+def test_wire_bytes_per_step_count_each_host_once_over_its_timed_steps():
+    from bench.scaling_rows import measured_wire_bytes
+    s = {"step_time_sec": [0.1, 0.1, 0.1],
+         "network": [{"host": "h1", "timed_steps": 10, "tx_bytes": 1000, "rx_bytes": 900},
+                     {"host": "h1", "timed_steps": 9, "tx_bytes": 990, "rx_bytes": 900},  # same host: counted once
+                     {"host": "h2", "timed_steps": 5, "tx_bytes": 600, "rx_bytes": 500}]}
+    assert measured_wire_bytes(s) == pytest.approx(100 + 120)
+
+
+def test_async_wire_bytes_are_per_round_of_one_step_of_each_worker():
+    from bench.scaling_rows import measured_wire_bytes, theory_wire_bytes
+    # PS beside the h2 worker, which steps 3x as often as the h1 worker (no wire in its way):
+    # per second h1 sends 1 push (100 B), h2 sends 1 pull (100 B), and the workers make 4 steps
+    s = {"step_time_sec": [1.0, 1 / 3], "hosts": ["h1", "h2"], "ps_bytes": [100],
+         "launch": {"ps_hosts": ["h2:2222"]},
+         "network": [{"host": "h1", "timed_steps": 4, "tx_bytes": 400}, {"host": "h2", "timed_steps": 12,
+                                                                          "tx_bytes": 400}]}
+    assert measured_wire_bytes(s) == pytest.approx(200 / 2)  # per round: 200 B/s over 2 steps/s per worker
+    assert theory_wire_bytes("ps-async", s) == pytest.approx(100)
 
 
 def test_oversubscription_is_flagged_when_processes_outnumber_cores():
@@ -178,23 +230,23 @@ def test_markdown_table_has_fixed_columns():
 
 def test_scaling_writes_table_csv_json_and_plots_with_every_column(tmp_path):
     result = recorded_result()
-    text = scaling.write(result, str(tmp_path))
+    text = scaling_report.write(result, str(tmp_path))
     for name in ("scaling.md", "scaling.csv", "scaling.json", "scaling_throughput.png", "scaling_efficiency.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "bench/COLUMNS.md" in text
-    for _, header in scaling.COLUMNS:
+    for _, header in scaling_report.COLUMNS:
         assert header in text
     rows = json.loads((tmp_path / "scaling.json").read_text())["rows"]
     for row in rows:
-        assert set(scaling.CSV_KEYS) <= set(row)
+        assert set(scaling_report.CSV_KEYS) <= set(row)
     header = (tmp_path / "scaling.csv").read_text().splitlines()[0].split(",")
-    assert header == scaling.CSV_KEYS
+    assert header == scaling_report.CSV_KEYS
 
 
 def test_every_column_header_is_defined_in_columns_md():
     from bench import allreduce
-    doc = open(os.path.join(os.path.dirname(scaling.__file__), "COLUMNS.md")).read()
-    for _, header in scaling.COLUMNS + allreduce.COLUMNS:
+    doc = open(os.path.join(os.path.dirname(scaling_report.__file__), "COLUMNS.md")).read()
+    for _, header in scaling_report.COLUMNS + allreduce.COLUMNS:
         assert f"| {header} |" in doc, header
 
 
@@ -240,7 +292,7 @@ def test_tiny_scaling_bench_end_to_end_holds_every_column(tmp_path):
     assert {(r["mode"], r["workers"]) for r in result["rows"]} == \
         {(m, n) for m in modes.split(",") + ["independent"] for n in (1, 2)}
     for row in result["rows"]:
-        assert set(scaling.CSV_KEYS) <= set(row)
+        assert set(scaling_report.CSV_KEYS) <= set(row)
         assert row["total_images_per_sec"] > 0 and row["step_time_ms"] > 0
         assert row["efficiency"] is not None
         # independent trainers exchange nothing: no compute/communication split

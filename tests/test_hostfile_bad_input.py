@@ -1,8 +1,14 @@
-"""A bad hostfile, given to a launcher, is one line naming the problem within
-10 s, before anything starts on any host."""
+"""A bad hostfile, or bad flags for where to run, given to a launcher or the
+bench, is one line naming the problem within 10 s, before anything starts on
+any host."""
+import sys
+
 import pytest
 
+from bench.launch import child_env
 from helpers import PS_BASELINE, TINY, assert_one_line_error
+
+BENCH = [sys.executable, "-m", "bench"]
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,3 +28,20 @@ def test_ps_launch_rejects_a_bad_hostfile_in_one_line(tmp_path, text, expected):
 def test_ps_launch_names_a_missing_hostfile(tmp_path):
     assert_one_line_error([*PS_BASELINE, "launch", "--hostfile", str(tmp_path / "none"), *TINY],
                           f"hostfile {tmp_path / 'none'} does not exist", code=2)
+
+
+@pytest.mark.parametrize("extra,expected", [
+    (["--np", "1,3", "--cluster", "2"], "--np 3 needs at least that many hosts: --cluster 3"),
+    (["--link-rate", "10gbit"], "add --cluster H"),
+    (["--cluster", "2", "--time-dilation", "10"], "--time-dilation slows the simulated accelerator"),
+    (["--cluster", "2", "--link-rate", "fast"], "'fast': write tc rates such as 1gbit,10gbit"),
+])
+def test_bad_site_flags_are_one_line(tmp_path, extra, expected):
+    assert_one_line_error([*BENCH, "scaling", *extra, "--out", str(tmp_path)], expected, code=2, env=child_env())
+
+
+def test_a_hostfile_with_too_few_slots_is_one_line(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=1\n")
+    assert_one_line_error([*BENCH, "scaling", "--hostfile", str(hosts), "--np", "1,2", "--out", str(tmp_path)],
+                          "has 1 slot(s) (localhost slots=1) but 2 are needed", code=2, env=child_env())

@@ -68,6 +68,9 @@ def add_training_flags(parser, summary_json=True):
                         "run this way, by default with a published P100 step time)")
     g.add_argument("--threads", type=non_negative_int, default=0, metavar="T",
                    help="TF intra- and inter-op threads per worker (0: TF's default)")
+    g.add_argument("--warmup-steps", type=non_negative_int, default=3, metavar="K",
+                   help="first K steps are not timed: tracing, graph optimisation, first "
+                        "negotiations (default %(default)s)")
     g.add_argument("--log-every", type=positive_int, default=20, metavar="K",
                    help="log a line every K steps (default %(default)s)")
     if summary_json:

@@ -6,6 +6,7 @@ samples over the slowest worker's timed seconds.
 """
 import json
 import os
+import socket
 import sys
 import time
 
@@ -16,11 +17,29 @@ WARMUP_STEPS = 3   # tracing, graph optimisation and first negotiations are not 
 WINDOW_STEPS = 10  # steps per timed window; windows give the confidence interval
 
 
+def interface_bytes():
+    """(rx, tx) bytes so far of every interface but loopback in this process's
+    network namespace: on a host of a cluster, what crossed its wire."""
+    rx = tx = 0
+    try:
+        with open("/proc/net/dev") as f:
+            for line in f.readlines()[2:]:
+                name, counters = line.split(":", 1)
+                if name.strip() != "lo":
+                    fields = counters.split()
+                    rx, tx = rx + int(fields[0]), tx + int(fields[8])
+    except OSError:
+        pass
+    return rx, tx
+
+
 class StepTimer:
-    """One worker's timing: call step_done(samples) after every step."""
+    """One worker's timing: call step_done(samples) after every step. It also
+    counts the bytes its host's interfaces moved during the timed steps."""
 
     def __init__(self, warmup_steps=WARMUP_STEPS, window_steps=WINDOW_STEPS):
         self.warmup_steps, self.window_steps = warmup_steps, window_steps
+        self._net_start = self._net_end = None
         self.steps = 0
         self.samples = 0.0
         self.seconds = 0.0
@@ -42,10 +61,13 @@ class StepTimer:
             return
         self._window_samples += samples
         self._window_steps += 1
+        self._net_end = interface_bytes()
         if self._window_steps == self.window_steps:
             self._close_window(now)
 
     def _start_window(self, now):
+        if self._net_start is None:
+            self._net_start = self._net_end = interface_bytes()
         self._window_start, self._window_samples, self._window_steps = now, 0.0, 0
         self._window_start_unix = self._last_step_end_unix
 
@@ -63,9 +85,12 @@ class StepTimer:
         if self._window_start is not None and self._window_steps:
             self._close_window(self._last_step_end)
         timed_steps = self.steps - max(self.warmup_steps, 0)
+        net = [end - start for start, end in zip(self._net_start, self._net_end)] \
+            if self._net_start else [0, 0]
         return {"samples": self.samples, "seconds": self.seconds, "windows": self.windows,
                 "step_time_sec": self.seconds / timed_steps if timed_steps > 0 else 0.0,
-                "window_spans_unix": self.window_spans_unix}
+                "window_spans_unix": self.window_spans_unix, "host": socket.gethostname(),
+                "timed_steps": max(timed_steps, 0), "net_rx_bytes": net[0], "net_tx_bytes": net[1]}
 
 
 def measured_throughput(reports):
@@ -81,6 +106,9 @@ def measured_throughput(reports):
         "timed_samples": total,
         "timed_seconds": slowest,
         "window_spans_unix": [r.get("window_spans_unix") for r in reports],
+        # each worker's host, and what that host's interfaces moved during its timed steps
+        "network": [{"host": r.get("host"), "timed_steps": r.get("timed_steps"),
+                     "rx_bytes": r.get("net_rx_bytes"), "tx_bytes": r.get("net_tx_bytes")} for r in reports],
     }
 
 

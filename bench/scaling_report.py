@@ -1,0 +1,249 @@
+"""The scaling bench's outputs: the table (Markdown, CSV, JSON) and plots of
+one site, and, over several link rates, one report with the issue's
+targets checked against what was measured. Columns: bench/COLUMNS.md."""
+import json
+import os
+
+from bench import plots, tables
+
+COLUMNS = [
+    ("mode", "mode"), ("algorithm", "algorithm"), ("n", "N (PS)"), ("hosts", "hosts"), ("link", "link"),
+    ("procs", "cores/procs/thr"), ("per_worker", "per-worker img/s (95% CI)"), ("total", "total img/s"),
+    ("speedup", "speedup"), ("efficiency", "efficiency"), ("ceiling", "% of independent"),
+    ("step_ms", "step ms"), ("compute_ms", "compute ms"), ("comm_ms", "exposed comm ms"),
+    ("predicted_ms", "α-β step ms"), ("prediction_error", "α-β error"),
+    ("wire", "wire MB/step"), ("wire_pct", "wire % of theory"), ("scaling", "scaling"),
+]
+CSV_KEYS = ["mode", "algorithm", "workers", "num_ps", "hosts", "link_rate", "time_dilation", "processes", "cores",
+            "threads_per_worker", "oversubscribed", "per_worker_images_per_sec_mean",
+            "per_worker_images_per_sec_ci95", "rounds", "total_images_per_sec", "speedup", "efficiency",
+            "efficiency_min", "efficiency_max", "predicted_efficiency", "fraction_of_independent", "step_time_ms",
+            "compute_time_ms", "exposed_comm_ms", "predicted_comm_ms", "predicted_step_time_ms",
+            "prediction_error_pct", "wire_bytes_per_step", "wire_bytes_theory", "wire_bytes_pct_of_theory",
+            "scaling", "global_batch", "per_worker_batch", "timed_windows", "steps", "train_loss", "test_accuracy",
+            "staleness_mean", "staleness_max", "summary_json", "log"]
+
+
+def table_rows(result):
+    rows = []
+    for r in result["rows"]:
+        ci = r["per_worker_images_per_sec_ci95"]
+        rows.append({
+            "mode": r["mode"], "algorithm": r["algorithm"],
+            "n": f"{r['workers']} ({r['num_ps']})" if r["num_ps"] else str(r["workers"]),
+            "hosts": str(r["hosts"]), "link": link_text(r),
+            "procs": f"{r['cores']}/{r['processes']}/{r['threads_per_worker']}"
+                     + (" over" if r["oversubscribed"] else ""),
+            "per_worker": f"{tables.fmt(r['per_worker_images_per_sec_mean'], 0)} ± {tables.fmt(ci, 0)}",
+            "total": tables.fmt(r["total_images_per_sec"], 0), "speedup": tables.fmt(r["speedup"]),
+            "efficiency": efficiency_text(r),
+            "ceiling": "n/a" if r["fraction_of_independent"] is None else f"{100 * r['fraction_of_independent']:.0f}%",
+            "step_ms": tables.fmt(r["step_time_ms"]), "compute_ms": tables.fmt(r["compute_time_ms"]),
+            "comm_ms": tables.fmt(r["exposed_comm_ms"]), "predicted_ms": tables.fmt(r["predicted_step_time_ms"]),
+            "prediction_error": percent(r["prediction_error_pct"], signed=True),
+            "wire": tables.fmt(None if r["wire_bytes_per_step"] is None else r["wire_bytes_per_step"] / 1e6, 1),
+            "wire_pct": percent(r["wire_bytes_pct_of_theory"], digits=1),
+            "scaling": f"{r['scaling']} (B={r['per_worker_batch']}/worker)",
+        })
+    return rows
+
+
+def link_text(r):
+    if not r["link_rate"]:
+        return "n/a"
+    dilation = r.get("time_dilation") or 1
+    return r["link_rate"] + (f" (÷{dilation:g})" if dilation != 1 else "")
+
+
+def percent(value, signed=False, digits=0):
+    if value is None:
+        return "n/a"
+    return f"{value:+.{digits}f}%" if signed else f"{value:.{digits}f}%"
+
+
+def efficiency_text(r):
+    if r["efficiency"] is None:
+        return "n/a"
+    text = f"{100 * r['efficiency']:.0f}%"
+    if r["rounds"] > 1 and r["workers"] > 1:
+        text += f" ({100 * r['efficiency_min']:.0f}–{100 * r['efficiency_max']:.0f})"
+    return text
+
+
+def markdown(result):
+    cfg, env, site = result["config"], result["environment"], result.get("site") or {}
+    load = env.get("load_average_at_start"), env.get("load_average_at_end")
+    rounds = max((r["rounds"] for r in result["rows"]), default=1)
+    dilation = site.get("dilation") or 1
+    where = site.get("label", "this machine")
+    text = (f"# Ring against PS: {cfg['model']} on {cfg['data']} data, {cfg['steps']} steps per run, {where}\n\n"
+            f"Columns are defined in bench/COLUMNS.md. Totals are measured (all workers' timed images / "
+            f"slowest worker's timed seconds), never rank 0 x N; warm-up steps excluded. "
+            f"Every configuration ran {rounds} time(s), in rounds; total img/s is the median run, and "
+            f"speedup and efficiency are the median over rounds of that round's T_N / T_1"
+            + (" (efficiency min–max over rounds in brackets)" if rounds > 1 else "") + ". ")
+    if site.get("simulated_gpu_ms"):
+        text += (f"Workers run a simulated accelerator: {site['simulated_gpu_ms']:.1f} ms of forward and "
+                 "backward per step that use no CPU, gradients of the real size, really exchanged. ")
+    if dilation != 1:
+        text += (f"Time dilation {dilation:g}: the links ran {dilation:g}x slower than the rate shown and "
+                 f"each accelerator step {dilation:g}x longer; every time here is divided by {dilation:g} "
+                 f"and every rate multiplied by it. ")
+    if site.get("across_hosts"):
+        text += ("Compute ms is the same mode's step at N = 1, where nothing crosses a wire; wire bytes are "
+                 "what the hosts' interfaces sent per step. ")
+    else:
+        text += ("`independent` is N single-rank trainers at once with nothing exchanged: this machine's "
+                 "ceiling for N processes. ")
+    text += (f"Machine: {env.get('cores')} cores ({env.get('cpu_model')}), no GPU; each worker has "
+             f"{cfg['threads']} TF thread(s); 'over' marks more processes x threads than cores. "
+             f"Load average (1 min) at start/end: "
+             f"{tables.fmt(load[0][0] if load[0] else None)}/{tables.fmt(load[1][0] if load[1] else None)} "
+             f"(other work on the machine skews every number).\n\n")
+    text += tables.markdown(COLUMNS, table_rows(result))
+    fit, ps_fit = result["alpha_beta"], result.get("alpha_beta_ps")
+    if fit or ps_fit:
+        ring_source = "OpenMPI's ring allreduce across these hosts (mpi-ring)" if site.get("across_hosts") \
+            else "Horovod allreduce (horovod-mpi)"
+        grad = result.get("gradient_bytes")
+        text += "\nα-β models" + (f" (gradients {grad / 1e6:.2f} MB per step)" if grad else "") + \
+                ", as measured (before any time dilation is divided out):\n"
+        ring_fits = {} if not fit else {"": fit} if "alpha_sec" in fit else fit
+        fits = [(f"ring rows{' at N = ' + key if key not in ('', 'all') else ''}: {ring_source}", f)
+                for key, f in ring_fits.items() if key != "all" or len(ring_fits) == 1]
+        for label, f in fits + [("PS rows: TF gRPC push + pull (grpc-ps)", ps_fit)]:
+            if f:
+                text += (f"- {label}: α = {f['alpha_sec'] * 1e6:.1f} us, 1/β = "
+                         f"{(f['bandwidth_gb_per_sec'] or 0) * 1e3:.1f} MB/s\n")
+    if result["gaps"]:
+        text += "\nRing against sync PS (step-time gap = PS step - ring step):\n\n"
+        text += tables.markdown(
+            [("mode", "ring mode"), ("n", "N (PS)"), ("ring", "ring img/s ÷ PS img/s"),
+             ("measured", "measured gap ms"), ("predicted", "α-β gap ms"), ("error", "gap error")],
+            [{"mode": g["ring_mode"], "n": f"{g['workers']} ({g['num_ps']})",
+              "ring": tables.fmt(g["ring_over_ps_throughput"]),
+              "measured": tables.fmt(g["measured_gap_ms"]), "predicted": tables.fmt(g["predicted_gap_ms"]),
+              "error": percent(g["gap_error_pct"])} for g in result["gaps"]])
+    return text
+
+
+def write(result, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    text = markdown(result)
+    with open(os.path.join(out_dir, "scaling.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out_dir, "scaling.csv"), "w") as f:
+        f.write(tables.csv_text(CSV_KEYS, result["rows"]))
+    with open(os.path.join(out_dir, "scaling.json"), "w") as f:
+        json.dump(result, f, indent=1, sort_keys=True)
+    plots.scaling_plots(result["rows"], os.path.join(out_dir, "scaling_throughput.png"),
+                        os.path.join(out_dir, "scaling_efficiency.png"), title=result.get("site", {}).get("label"))
+    return text
+
+
+# --- over several link rates ---------------------------------------------------
+
+def targets(results):
+    """The issue's targets, each as measured: [(target, verdict, detail)]."""
+    rows = [r for result in results for r in result["rows"]]
+    out = []
+    measured = [r for r in rows if r["wire_bytes_pct_of_theory"] is not None and r["workers"] > 1]
+    # In async training workers step at their own pace and each host's bytes are counted over
+    # its own worker's timed steps, so a "step" of the whole is only an average: shown apart.
+    for label, wire in (("ring and sync PS", [r for r in measured if r["mode"] != "ps-async"]),
+                        ("async PS (per round of one step of each worker)",
+                         [r for r in measured if r["mode"] == "ps-async"])):
+        if wire:
+            worst = max(wire, key=lambda r: abs(r["wire_bytes_pct_of_theory"] - 100))
+            out.append((f"wire bytes within 5 % of theory, {label}, every N",
+                        all(abs(r["wire_bytes_pct_of_theory"] - 100) <= 5 for r in wire),
+                        f"{len(wire)} rows; furthest: {row_name(worst)}: {worst['wire_bytes_pct_of_theory']:.1f} %"))
+    predicted = [r for r in rows if r["prediction_error_pct"] is not None]
+    if predicted:
+        worst = max(predicted, key=lambda r: abs(r["prediction_error_pct"]))
+        within = sum(abs(r["prediction_error_pct"]) <= 25 for r in predicted)
+        out.append(("α-β step time within 25 % of measured, every row",
+                    within == len(predicted),
+                    f"{within} of {len(predicted)} rows; worst: {row_name(worst)}: "
+                    f"{worst['prediction_error_pct']:+.0f} %"))
+    out += paper_result(results) + ring_at_its_limit(results)
+    return out
+
+
+def row_name(r):
+    return f"{r['mode']} N={r['workers']}" + (f" P={r['num_ps']}" if r["num_ps"] else "") + f" at {link_text(r)}"
+
+
+def _row(result, mode, n, p=None):
+    return next((r for r in result["rows"] if r["mode"] == mode and r["workers"] == n
+                 and (p is None or r["num_ps"] == p)), None)
+
+
+def paper_result(results):
+    """1 PS, no dilation: PS efficiency falls with N while ring's holds; ring >= 1.5x PS at N = 4."""
+    out = []
+    for result in results:
+        if (result.get("site") or {}).get("dilation", 1) != 1:
+            continue
+        ns = sorted({r["workers"] for r in result["rows"]})
+        ring = [_row(result, "ring", n) for n in ns]
+        ps = [_row(result, "ps-sync", n, 1 if n > 1 else None) for n in ns]
+        if not all(ring) or not all(ps) or len(ns) < 2:
+            continue
+        top = ns[-1]
+        ratio = ring[-1]["total_images_per_sec"] / ps[-1]["total_images_per_sec"]
+        predicted = (ps[-1]["predicted_step_time_ms"] / ring[-1]["predicted_step_time_ms"]
+                     if ps[-1]["predicted_step_time_ms"] and ring[-1]["predicted_step_time_ms"] else None)
+        effs = lambda rs: ", ".join(f"N={r['workers']} {100 * (r['efficiency'] or 0):.0f} %" for r in rs)
+        out.append((f"Horovod paper, {link_text(ring[-1])}: ring ≥ 1.5x sync PS (1 PS) at N={top}",
+                    ratio >= 1.5, f"measured {ratio:.2f}x, α-β says {predicted:.2f}x; efficiency ring "
+                    f"{effs(ring)}; PS {effs(ps)}" if predicted else f"measured {ratio:.2f}x"))
+    return out
+
+
+def ring_at_its_limit(results):
+    """With dilation: ring efficiency at the top N >= 90 % of the α-β efficiency."""
+    out = []
+    for result in results:
+        if (result.get("site") or {}).get("dilation", 1) == 1:
+            continue
+        top = max((r["workers"] for r in result["rows"]), default=0)
+        ring = _row(result, "ring", top)
+        if ring and ring["efficiency"] and ring["predicted_efficiency"]:
+            share = ring["efficiency"] / ring["predicted_efficiency"]
+            out.append((f"ring at its limit, {link_text(ring)}, N={top}: efficiency ≥ 90 % of α-β's",
+                        share >= 0.9, f"measured {100 * ring['efficiency']:.0f} %, α-β "
+                        f"{100 * ring['predicted_efficiency']:.0f} %: {100 * share:.0f} % of it"))
+    return out
+
+
+def link_results(out_dir):
+    """Every per-link result in out_dir's subfolders (runs of --cluster add theirs), slowest link first."""
+    results = []
+    for name in sorted(os.listdir(out_dir)):
+        path = os.path.join(out_dir, name, "scaling.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                result = json.load(f)
+            if (result.get("site") or {}).get("link_rate"):
+                results.append(result)
+    from multihost.simcluster import rate_bits_per_sec
+    return sorted(results, key=lambda r: (rate_bits_per_sec(r["site"]["link_rate"]), r["site"].get("dilation", 1)))
+
+
+def write_links(out_dir):
+    """One report over every link rate measured into out_dir (this run's and
+    earlier --cluster runs' into the same folder): each table, then the targets."""
+    results = link_results(out_dir)
+    text = "# Ring against PS across hosts, per link rate\n\n"
+    for result in results:
+        text += markdown(result).replace("# Ring against PS", "## Ring against PS", 1) + "\n"
+    text += "## Targets, as measured in this run\n\n"
+    text += tables.markdown([("target", "target"), ("met", "met"), ("detail", "measured")],
+                            [{"target": t, "met": "yes" if ok else "NO", "detail": d} for t, ok, d in targets(results)])
+    with open(os.path.join(out_dir, "scaling.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out_dir, "scaling.json"), "w") as f:
+        json.dump({"links": results, "targets": [{"target": t, "met": ok, "measured": d}
+                                                 for t, ok, d in targets(results)]}, f, indent=1, sort_keys=True)
+    return text

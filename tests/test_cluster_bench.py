@@ -1,0 +1,56 @@
+"""The bench across hosts: a tiny run on simulated hosts gives a table with
+every column, and the bytes each host's interface sent match theory."""
+import json
+import os
+import sys
+
+import pytest
+
+from bench.launch import child_env
+from bench.scaling_report import COLUMNS, CSV_KEYS
+from helpers import BIN, run
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+BENCH = [sys.executable, "-m", "bench"]
+TINY = ["--np", "1,2", "--model", "mnist_mlp", "--steps", "8", "--warmup-steps", "2", "--batch-size", "32",
+        "--optimizer", "sgd", "--timeout", "240"]
+
+
+def bench_ok(argv, timeout=560):
+    done = run(argv, timeout=timeout, env=child_env())
+    assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_scaling_on_a_simulated_cluster_it_builds_gives_every_column_and_bytes_match_theory(cluster, tmp_path):
+    # its own 2-host cluster, links of 2 Gbit/s emulated at 1 Gbit/s with a time dilation of 2
+    out = bench_ok([*BENCH, "scaling", "--cluster", "2", "--link-rate", "2gbit", "--time-dilation", "2",
+                    "--simulate-gpu", "20", "--modes", "ring,ps-sync", *TINY, "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "2gbit-dilated2" / "scaling.json").read_text())
+    rows = {(r["mode"], r["workers"]): r for r in result["rows"]}
+    assert set(rows) == {("ring", 1), ("ring", 2), ("ps-sync", 1), ("ps-sync", 2)}
+    for row in rows.values():
+        assert set(CSV_KEYS) <= set(row)
+        assert row["link_rate"] == "2gbit" and row["time_dilation"] == 2
+        assert row["predicted_step_time_ms"] and row["total_images_per_sec"] > 0
+    assert rows[("ring", 2)]["algorithm"] == "mpi ring" and rows[("ring", 2)]["hosts"] == 2
+    for mode in ("ring", "ps-sync"):
+        assert abs(rows[(mode, 2)]["wire_bytes_pct_of_theory"] - 100) <= 10, rows[(mode, 2)]
+    text = (tmp_path / "scaling.md").read_text()
+    for _, header in COLUMNS:
+        assert header in text
+    assert "2gbit (÷2)" in text and "Targets, as measured" in text and "Time dilation 2" in out
+    for name in ("scaling_throughput.png", "scaling_efficiency.png"):
+        assert (tmp_path / "2gbit-dilated2" / name).stat().st_size > 0
+    assert not [ns for ns in os.listdir("/run/netns") if ns.startswith("rtbench-")]  # torn down
+
+
+def test_scaling_runs_across_the_hosts_of_a_hostfile(cluster, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("h1 slots=1\nh2 slots=1\n")
+    bench_ok([os.path.join(BIN, "ringtrain-cluster"), "--name", cluster.name, "exec", "h1", "--",
+              *BENCH, "scaling", "--hostfile", str(hosts), "--modes", "ring", *TINY, "--out", str(tmp_path / "r")])
+    result = json.loads((tmp_path / "r" / "scaling.json").read_text())
+    ring2 = next(r for r in result["rows"] if r["workers"] == 2)
+    assert ring2["hosts"] == 2 and abs(ring2["wire_bytes_pct_of_theory"] - 100) <= 10
+    assert result["alpha_beta"] and result["alpha_beta_ps"]  # fitted on these hosts' links
