@@ -15,8 +15,6 @@ import socket
 import sys
 import time
 
-import numpy as np
-
 from bench.allreduce_worker import iterations, row
 from multihost import procs
 from multihost.net import free_ports, is_listening, wait_for

@@ -10,7 +10,7 @@ import sys
 from bench import allreduce, launch, sites, tables
 from bench.environment import describe, usable_cores
 from bench.scaling_report import write, write_links
-from bench.scaling_rows import build
+from bench.scaling_rows import build, per_worker_batch
 from workloads.catalog import simulated_step_ms
 
 MODES = ("ring", "ring-gloo", "ps-sync", "ps-async", "independent")
@@ -83,12 +83,6 @@ def command(mode, workers, num_ps, cfg, batch, summary, site, workdir):
     sync = ["--sync"] if mode == "ps-sync" else []
     return [launch.tool("ps-baseline"), "launch", *placement, "--num-ps", str(num_ps),
             "--num-workers", str(workers), "--placement", cfg.get("placement", "round_robin")] + sync + train
-
-
-def per_worker_batch(cfg, workers):
-    if cfg["scaling"] == "strong":
-        return max(1, cfg["global_batch"] // workers)
-    return cfg["batch_size"]
 
 
 def run_one(mode, workers, num_ps, cfg, out_dir, site, log, round_=0):

@@ -309,6 +309,14 @@ def _start_sshd(cluster, host):
                 "PATH", "")), "-D", "-f", os.path.join(hostdir, "sshd_config"), "-E",
              os.path.join(hostdir, "sshd.log")],
             stdin=null, stdout=null, stderr=null, preexec_fn=_new_hostname(host.name), close_fds=True)
+    host.sshd_pid = proc.pid
+    # Until `ip netns exec` has exec'd sshd, the child is still a copy of this process.
+    deadline = time.monotonic() + 30
+    while not _is_our_sshd(cluster, host):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise UsageError(f"sshd of {host.name} did not start (exit {proc.poll()}): see "
+                             f"{os.path.join(hostdir, 'sshd.log')}")
+        time.sleep(0.02)
     return proc.pid
 
 

@@ -148,7 +148,7 @@ def main(argv):
 
     chief_process = running[chief.name]
     if failed is not None:
-        where = f" on {next(t.host for t in tasks if t.name == failed.name)}" if args.hostfile else ""
+        where = f" on {failed.host}" if args.hostfile else ""
         sys.stderr.write(f"{PROG} launch: {failed.name}{where} {failed.describe_exit()}; stopped every "
                          f"task{' on every host' if args.hostfile else ''}\n")
         code = chief_process.returncode

@@ -13,7 +13,6 @@ class WorkerReport:
     loss_sum: float = 0.0        # over the last --log-every steps
     loss_count: float = 0.0
     staleness: list = field(default_factory=lambda: [0, 0, 0])  # [sum, count, max]
-    host: str = ""
 
     def to_json(self):
         return json.dumps(asdict(self))

@@ -6,7 +6,6 @@ Here PS and worker tasks only run servers; a separate coordinator task (job
 schedules step functions onto whichever worker is free. Lines that
 distribution adds are marked `# PS:`.
 """
-import socket
 import threading
 import time
 
@@ -97,7 +96,8 @@ def train(args, cluster, dataset):
         epochs=steps / (num_workers * per_epoch), train_loss=loss_sum / loss_count if loss_count else None,
         evaluation=Evaluation() if models.is_simulated(state.model) else evaluate(metrics, dataset),
         wall_seconds=wall_seconds, reports=[timer.report()],
-        num_ps=num_ps, reporting_workers=[-1], hosts=[socket.gethostname()], checkpoint=saved, api="tf2",
+        num_ps=num_ps, reporting_workers=[-1],
+        hosts=[address.rpartition(":")[0] for address in cluster.worker], checkpoint=saved, api="tf2",
         placement=args.placement, throughput_measured_at="coordinator (all workers as one)",
         **reports.staleness_fields([reports.WorkerReport(-1, steps, {}, staleness=[stale_sum, steps, stale_max])]))
     console.finish(summary, args.summary_json)

@@ -9,7 +9,6 @@ the variables, writes checkpoints and summaries; the others wait for it.
 Lines that distribution adds are marked `# PS:`.
 """
 import functools
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -230,7 +229,7 @@ def train(args, cluster, dataset):
         train_loss=sum(r.loss_sum for r in worker_reports) / loss_count if loss_count else None,
         evaluation=evaluation, wall_seconds=wall_seconds, reports=[r.timer for r in worker_reports],
         num_ps=num_ps, reporting_workers=sorted(r.task_index for r in worker_reports),
-        hosts=[r.host for r in sorted(worker_reports, key=lambda r: r.task_index)],
+        hosts=[r.timer["host"] for r in sorted(worker_reports, key=lambda r: r.task_index)],
         checkpoint=tf.train.latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None,
         api="v1", placement=args.placement, ps_bytes=g.ps_bytes, gradient_bytes=sum(g.ps_bytes),
         **(reports.staleness_fields(worker_reports) if mode == "ps-async" else {}))
@@ -291,7 +290,7 @@ def run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch, n
             if not finished():
                 window_loss = window_count = 0.0
     return reports.WorkerReport(task, int(local_step), timer.report(), float(window_loss),
-                                float(window_count), staleness.as_list(), socket.gethostname())
+                                float(window_count), staleness.as_list())
 
 
 def gather_reports(raw, g, sync, timeout, console):

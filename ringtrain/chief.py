@@ -32,7 +32,8 @@ class Chief:
                                                    self.size, self.args.batch_size))
 
     def test_scalars(self, step, evaluation):
-        self._scalars(step, {"test/accuracy": evaluation.accuracy, "test/loss": evaluation.loss})
+        if evaluation.samples:  # (a simulated model is not evaluated)
+            self._scalars(step, {"test/accuracy": evaluation.accuracy, "test/loss": evaluation.loss})
         if self.writer:
             self.writer.flush()
 

@@ -4,7 +4,6 @@ Reads top to bottom like Horovod's examples/tensorflow2 scripts; every line
 that distribution adds is marked `# Horovod:`. What rank 0 alone does (the
 console, TensorBoard, checkpoints) is in ringtrain/chief.py.
 """
-import socket
 import time
 
 import numpy as np
@@ -68,15 +67,15 @@ def train(args, dataset):
     evaluation = Evaluation() if models.is_simulated(model) else global_evaluation(hvd, model, dataset)
     # Horovod: every rank's own timing; the global rate is measured, never rank 0 x N.
     reports = hvd.allgather_object(timer.report())
-    hosts = hvd.allgather_object(socket.gethostname())
     if epoch is not None:
         chief.checkpoint(step, epoch, done_in_epoch, final=True)
     chief.test_scalars(step, evaluation)
+    controller = "mpi" if hvd.mpi_enabled() else "gloo"
     summary = build_summary(
         "ring", args, dataset, world_size=hvd.size(), steps=step, epochs=step / per_epoch,
         train_loss=losses.last, evaluation=evaluation, wall_seconds=wall_seconds, reports=reports,
-        controller="mpi" if hvd.mpi_enabled() else "gloo", hosts=hosts, checkpoint=chief.ckpt.latest,
-        allreduce_algorithm=allreduce_algorithm_in_effect("mpi" if hvd.mpi_enabled() else "gloo"),
+        controller=controller, hosts=[r["host"] for r in reports], checkpoint=chief.ckpt.latest,
+        allreduce_algorithm=allreduce_algorithm_in_effect(controller),
         gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables))
     chief.console.finish(summary, args.summary_json)
     if args.dump_weights:

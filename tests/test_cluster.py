@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import (BIN, ENV, ONE_THREAD, PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch,
+from helpers import (BIN, ONE_THREAD, PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch,
                      assert_one_line_error, assert_same_weights, last_json, run, run_ok, weights)
 from multihost import procs, simcluster
 

@@ -2,7 +2,6 @@
 shapes that appear in backprop order, and training semantics kept, in ring
 mode and both PS APIs."""
 import math
-import os
 import time
 
 import pytest
