@@ -8,6 +8,8 @@ Implementations (rows):
                        tf.while_loop inside one tf.function call; MPI controller
   horovod-mpi-eager    the same call made eagerly
   horovod-mpi-grads    the model's gradient tensors, one allreduce each, fused by Horovod
+  horovod-mpi-upstream* the same three with Horovod's upstream background loop (a coordination
+                       round every cycle), against ringtrain's event-driven one (patch 0004)
   horovod-gloo*        the same three under horovodrun --gloo
   grpc-ps              not an allreduce: one push of S bytes to a PS variable and one pull
                        back, over TF's gRPC (bench.grpc_exchange); the PS rows' alpha-beta fit
@@ -22,10 +24,13 @@ import numpy as np
 
 from bench import launch, sites, stats, tables
 from bench.environment import describe, usable_cores
-from workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, mpi_allreduce_env
+from workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, knob_env, mpi_allreduce_env
+
+UPSTREAM_LOOP = knob_env(loop="upstream")
 
 IMPL_ORDER = ["mpi4py", "mpi-ring", "mpi-segmented_ring", "mpi-rabenseifner", "mpi-recursive_doubling",
               "mpi-default", "ring", "horovod-mpi", "horovod-mpi-eager", "horovod-mpi-grads",
+              "horovod-mpi-upstream", "horovod-mpi-upstream-eager", "horovod-mpi-upstream-grads",
               "horovod-mpi-cycle0.1ms", "horovod-mpi-cycle0.1ms-eager", "horovod-mpi-cycle0.1ms-grads",
               "horovod-gloo", "horovod-gloo-eager", "horovod-gloo-grads", "grpc-ps", "memcpy"]
 FIT_IMPL = "horovod-mpi"  # the ring rows' alpha-beta model: Horovod as training calls it
@@ -50,7 +55,8 @@ def busbw_factor(ranks):
 
 
 def run(np_list, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True, horovod_env=None,
-        timeout=900, log=print, compare_cycle_ms=None, site=None, mpi_algorithms=(), horovod=True):
+        timeout=900, log=print, compare_cycle_ms=None, site=None, mpi_algorithms=(), horovod=True,
+        compare_upstream_loop=False):
     """Launch the workers for each rank count, gather their rows, write allreduce.{json,md,png}."""
     site = site or sites.this_machine()
     os.makedirs(out_dir, exist_ok=True)
@@ -63,7 +69,8 @@ def run(np_list, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=Tru
               "--warmup", str(warmup), "--grad-shapes", json.dumps(shapes)]
     rows = []
     for name, cmd, env in launches(np_list, common, knobs, compare_cycle_ms, gloo, horovod, site, mpi_algorithms,
-                                   [s for s in all_sizes if s <= GRPC_MAX_BYTES], trials, warmup):
+                                   [s for s in all_sizes if s <= GRPC_MAX_BYTES], trials, warmup,
+                                   compare_upstream_loop):
         part = os.path.join(out_dir, f"allreduce-{name}.rank0.json")
         logf = os.path.join(out_dir, f"allreduce-{name}.log")
         log(f"ringtrain-bench: allreduce over {name}: {' '.join(cmd[:6])} ... (log {logf})")
@@ -85,7 +92,7 @@ def run(np_list, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=Tru
 
 
 def launches(np_list, common, knobs, compare_cycle_ms, gloo, horovod, site, mpi_algorithms, grpc_sizes,
-             trials, warmup):
+             trials, warmup, compare_upstream_loop=False):
     """(name, command, extra env) of each launch. Raw MPI rows and Horovod rows are
     separate launches: Horovod's background thread would slow MPI calls beside it."""
     python = [sys.executable, "-m", "bench.allreduce_worker"]
@@ -109,6 +116,11 @@ def launches(np_list, common, knobs, compare_cycle_ms, gloo, horovod, site, mpi_
             out.append((f"horovod-mpi{tag}", launch.mpirun(
                 n, python + ["--impls", "horovod", "--horovod-label", "mpi"] + common, cores,
                 env_names=sorted(env), hosts=hosts), env))
+            if compare_upstream_loop:
+                upstream_env = dict(env, **UPSTREAM_LOOP)
+                out.append((f"horovod-mpi-upstream{tag}", launch.mpirun(
+                    n, python + ["--impls", "horovod", "--horovod-label", "mpi-upstream"] + common, cores,
+                    env_names=sorted(upstream_env), hosts=hosts), upstream_env))
             if compare_cycle_ms is not None:
                 # Horovod's background thread wakes every cycle: at 1 ms that is a floor under
                 # every allreduce; this launch shows what a shorter cycle buys.
@@ -131,6 +143,14 @@ def knob_text(knobs):
     return ",".join(f"{k.replace('HOROVOD_', '').lower()}={v}" for k, v in sorted(knobs.items())) or "defaults"
 
 
+def impl_knobs(impl, knobs, compare_cycle_ms):
+    if "-cycle" in impl:
+        return dict(knobs, HOROVOD_CYCLE_TIME=f"{compare_cycle_ms:g}")
+    if "-upstream" in impl:
+        return dict(knobs, **UPSTREAM_LOOP)
+    return knobs
+
+
 def summarise(rows, knobs, compare_cycle_ms=None, across_hosts=False):
     """Median trial time per (impl, size, ranks) -> algbw, busbw, % of bounds, wire bytes."""
     memcpy = {(r["bytes"], r["world_size"]): r["bytes"] / statistics.median(r["trial_seconds"])
@@ -148,9 +168,8 @@ def summarise(rows, knobs, compare_cycle_ms=None, across_hosts=False):
                     "busbw_gbs": busbw / 1e9, "memcpy_gbs": memcpy.get((r["bytes"], n), float("nan")) / 1e9,
                     "wire_bytes_theory": theory,
                     "wire_pct_of_theory": 100 * wire / theory if wire and theory else None,
-                    "knobs": "" if not r["impl"].startswith("horovod") else
-                    knob_text(dict(knobs, HOROVOD_CYCLE_TIME=f"{compare_cycle_ms:g}")
-                              if "-cycle" in r["impl"] else knobs)})
+                    "knobs": "" if not r["impl"].startswith("horovod") else knob_text(impl_knobs(r["impl"], knobs,
+                                                                                               compare_cycle_ms))})
     mpi = {(r["bytes"], r["world_size"]): r["busbw_gbs"] for r in out if r["impl"] in ("mpi4py", "mpi-default")}
     for r in out:
         key = (r["bytes"], r["world_size"])
@@ -203,7 +222,19 @@ def markdown(result):
                      f"1/beta = {f['bandwidth_gb_per_sec'] or 0:.3f} GB/s "
                      f"(worst relative error {100 * f['max_relative_error']:.0f}%)"
                      for impl, f in result["alpha_beta"].items())
-    return head + tables.markdown(COLUMNS, rows) + "\n" + fits + "\n"
+    return head + tables.markdown(COLUMNS, rows) + "\n" + fits + "\n" + at_gradient_size(result)
+
+
+def at_gradient_size(result):
+    """Horovod's busbw as % of raw MPI's at the model's gradient size, per loop."""
+    size = result["config"].get("gradient_bytes")
+    lines = [f"- {r['impl']}, {r['world_size']} ranks: {r['pct_of_mpi_busbw']:.0f} % of raw MPI_Allreduce busbw"
+             for r in result["rows"] if r["bytes"] == size and r["impl"].startswith("horovod-mpi")
+             and not r["impl"].endswith("-eager") and r["pct_of_mpi_busbw"] is not None]
+    if not lines:
+        return ""
+    return (f"\nHorovod at the gradient size ({tables.human_bytes(size)}; -grads: the model's tensors, "
+            "fused as in training):\n" + "\n".join(lines) + "\n")
 
 
 def write(result, out_dir):

@@ -111,6 +111,8 @@ def add_allreduce_flags(p):
                         "recursive_doubling,default (default: OpenMPI's own choice only)")
     g.add_argument("--compare-cycle-time-ms", type=float, metavar="MS",
                    help="also run the Horovod-over-MPI rows with HOROVOD_CYCLE_TIME=MS")
+    g.add_argument("--compare-upstream-loop", action="store_true",
+                   help="also run the Horovod-over-MPI rows with Horovod's upstream background loop")
 
 
 def add_horovod_flags(p):
@@ -124,7 +126,9 @@ def add_horovod_flags(p):
 def add_scaling_flags(p, modes_default):
     g = p.add_argument_group("scaling bench")
     g.add_argument("--modes", type=mode_list, default=mode_list(modes_default),
-                   help=f"comma list of ring (mpirun, MPI), ring-gloo (horovodrun --gloo), ps-sync, "
+                   help=f"comma list of ring (mpirun, MPI), ring-upstream (the same with Horovod's upstream "
+                        f"background loop), ring-gloo (horovodrun --gloo), ps-sync, ps-ingraph (in-graph "
+                        f"replication), towers (one process, a tower per device; one machine only), "
                         f"ps-async, independent (N single-rank trainers at once, nothing exchanged: "
                         f"the machine's ceiling; on one machine only) (default {modes_default})")
     g.add_argument("--data", choices=("synthetic", "mnist", "cifar10"), default="synthetic",
@@ -193,9 +197,9 @@ def parser():
     r = sub.add_parser("report", help="allreduce bench, then scaling bench (what `make bench` runs)", **common)
     add_run_flags(r, int_list, [1, 2], "scaling worker counts (default 1,2)", timeout=900)
     add_allreduce_flags(r)
-    add_scaling_flags(r, "ring,ps-sync,ps-async,independent")
+    add_scaling_flags(r, "ring,ring-upstream,ps-sync,ps-async,ps-ingraph,towers,independent")
     add_horovod_flags(r)
-    r.set_defaults(compare_cycle_time_ms=0.1, repeats=2)
+    r.set_defaults(compare_upstream_loop=True, repeats=3)
     return p
 
 
@@ -270,7 +274,8 @@ def run_allreduce(args, np_list, log):
         result = allreduce.run(np_list, sizes, args.out, model=args.model, trials=args.trials, warmup=args.warmup_ops,
                                gloo=not args.no_gloo, horovod=not args.no_horovod, horovod_env=horovod_env(args),
                                timeout=args.timeout, compare_cycle_ms=args.compare_cycle_time_ms, log=log,
-                               site=site, mpi_algorithms=args.mpi_algorithms)
+                               site=site, mpi_algorithms=args.mpi_algorithms,
+                               compare_upstream_loop=args.compare_upstream_loop)
     print(allreduce.markdown(result), flush=True)
     return result
 

@@ -23,7 +23,8 @@ def combine(summaries):
     spans = [s["window_spans_unix"][0] for s in summaries]  # [[start, end, samples], ...] each
     reports = [{"samples": s["timed_samples"], "seconds": s["timed_seconds"],
                 "windows": s["window_images_per_sec"][0], "step_time_sec": s["step_time_sec"][0],
-                "window_spans_unix": w} for s, w in zip(summaries, spans)]
+                "window_spans_unix": w, "cpu_pct_of_core": (s.get("cpu_pct_of_core") or [None])[0]}
+               for s, w in zip(summaries, spans)]
     result = measured_throughput(reports)
     lo, hi = max(w[0][0] for w in spans), min(w[-1][1] for w in spans)
     whole = max(w[-1][1] for w in spans) - min(w[0][0] for w in spans)

@@ -10,11 +10,11 @@ import sys
 from bench import allreduce, launch, sites, tables
 from bench.environment import describe, usable_cores
 from bench.scaling_report import write, write_links
-from bench.scaling_rows import build, per_worker_batch
+from bench.scaling_rows import RING_MODES, build, per_worker_batch
 from workloads.catalog import simulated_step_ms
 
-MODES = ("ring", "ring-gloo", "ps-sync", "ps-async", "independent")
-RING_MODES = ("ring", "ring-gloo")  # mpirun (MPI controller) and horovodrun --gloo
+MODES = ("ring", "ring-upstream", "ring-gloo", "ps-sync", "ps-async", "ps-ingraph", "towers", "independent")
+ONE_MACHINE_MODES = ("independent", "towers")  # one process or no exchange: never across hosts
 # The α-β fit of a link, plus the model's gradient size. From 1 MB up: smaller messages
 # pass within a token bucket's burst, faster than the link's rate.
 LINK_FIT_SIZES = "1M..16M"
@@ -32,8 +32,8 @@ def configurations(cfg, across_hosts):
     modes = list(cfg["modes"])
     if not across_hosts and "independent" not in modes:
         modes.append("independent")
-    if across_hosts and "independent" in modes:
-        modes.remove("independent")
+    if across_hosts:
+        modes = [m for m in modes if m not in ONE_MACHINE_MODES]
     out = []
     for n in cfg["np"]:
         for mode in modes:
@@ -67,20 +67,23 @@ def command(mode, workers, num_ps, cfg, batch, summary, site, workdir):
         return [sys.executable, "-m", "bench.independent", "--np", str(workers),
                 "--summary-json", summary, "--", launch.tool("ringtrain")] + train
     train += ["--summary-json", summary]
+    if mode == "towers":  # one process, a tower per (logical) device
+        return [launch.tool("ps-baseline"), "towers", "--towers", str(workers)] + train
     hosts = site.host_list(workers) if site.across_hosts else None
     if mode in RING_MODES:
         extra = []
         for flag, key in (("--cycle-time-ms", "cycle_time_ms"), ("--fusion-threshold-mb", "fusion_threshold_mb")):
             if cfg.get(key) is not None:
                 extra += [flag, f"{cfg[key]:g}"]
-        trainer = [launch.tool("ringtrain")] + train + extra
+        loop = "upstream" if mode == "ring-upstream" else "event"
+        trainer = [launch.tool("ringtrain")] + train + extra + ["--horovod-loop", loop]
         if mode == "ring-gloo":
             return launch.horovodrun(workers, trainer, gloo=True, hosts=hosts)
         # plain mpirun: the same ranks as horovodrun's, without its ~8 s of start-up checks
         return launch.mpirun(workers, trainer, usable_cores(), hosts=hosts)
     placement = ["--hostfile", site.write_hostfile(workers, os.path.join(workdir, f"hosts-n{workers}"))] \
         if site.across_hosts else []
-    sync = ["--sync"] if mode == "ps-sync" else []
+    sync = {"ps-sync": ["--sync"], "ps-ingraph": ["--replication", "in-graph"]}.get(mode, [])
     return [launch.tool("ps-baseline"), "launch", *placement, "--num-ps", str(num_ps),
             "--num-workers", str(workers), "--placement", cfg.get("placement", "round_robin")] + sync + train
 

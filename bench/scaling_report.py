@@ -12,7 +12,8 @@ COLUMNS = [
     ("speedup", "speedup"), ("efficiency", "efficiency"), ("ceiling", "% of independent"),
     ("step_ms", "step ms"), ("compute_ms", "compute ms"), ("comm_ms", "exposed comm ms"),
     ("predicted_ms", "α-β step ms"), ("prediction_error", "α-β error"),
-    ("wire", "wire MB/step"), ("wire_pct", "wire % of theory"), ("scaling", "scaling"),
+    ("wire", "wire MB/step"), ("wire_pct", "wire % of theory"),
+    ("cpu_horovod", "Horovod thread % core"), ("cpu_other", "other threads % core"), ("scaling", "scaling"),
 ]
 CSV_KEYS = ["mode", "algorithm", "workers", "num_ps", "hosts", "link_rate", "time_dilation", "processes", "cores",
             "threads_per_worker", "oversubscribed", "per_worker_images_per_sec_mean",
@@ -21,7 +22,8 @@ CSV_KEYS = ["mode", "algorithm", "workers", "num_ps", "hosts", "link_rate", "tim
             "compute_time_ms", "exposed_comm_ms", "predicted_comm_ms", "predicted_step_time_ms",
             "prediction_error_pct", "wire_bytes_per_step", "wire_bytes_theory", "wire_bytes_pct_of_theory",
             "scaling", "global_batch", "per_worker_batch", "timed_windows", "steps", "train_loss", "test_accuracy",
-            "staleness_mean", "staleness_max", "summary_json", "log"]
+            "staleness_mean", "staleness_max", "cpu_horovod_thread_pct", "cpu_other_threads_pct",
+            "summary_json", "log"]
 
 
 def table_rows(result):
@@ -43,6 +45,8 @@ def table_rows(result):
             "prediction_error": percent(r["prediction_error_pct"], signed=True),
             "wire": tables.fmt(None if r["wire_bytes_per_step"] is None else r["wire_bytes_per_step"] / 1e6, 1),
             "wire_pct": percent(r["wire_bytes_pct_of_theory"], digits=1),
+            "cpu_horovod": percent(r.get("cpu_horovod_thread_pct"), digits=1),
+            "cpu_other": percent(r.get("cpu_other_threads_pct")),
             "scaling": f"{r['scaling']} (B={r['per_worker_batch']}/worker)",
         })
     return rows
@@ -115,6 +119,11 @@ def markdown(result):
             if f:
                 text += (f"- {label}: α = {f['alpha_sec'] * 1e6:.1f} us, 1/β = "
                          f"{(f['bandwidth_gb_per_sec'] or 0) * 1e3:.1f} MB/s\n")
+    loop = loop_targets(result)
+    if loop:
+        text += ("\nHorovod's background loop, ringtrain's event-driven patch (ring) against upstream's "
+                 "(ring-upstream), in the same rounds:\n\n")
+        text += target_table(loop)
     if result["gaps"]:
         text += "\nRing against sync PS (step-time gap = PS step - ring step):\n\n"
         text += tables.markdown(
@@ -139,6 +148,35 @@ def write(result, out_dir):
     plots.scaling_plots(result["rows"], os.path.join(out_dir, "scaling_throughput.png"),
                         os.path.join(out_dir, "scaling_efficiency.png"), title=result.get("site", {}).get("label"))
     return text
+
+
+def target_table(checked):
+    """[(target, met, measured)] as a Markdown table."""
+    return tables.markdown([("target", "target"), ("met", "met"), ("detail", "measured")],
+                           [{"target": t, "met": "yes" if ok else "NO", "detail": d} for t, ok, d in checked])
+
+
+def loop_targets(result):
+    """Issue 11's targets at each N > 1 where both loops ran: the background
+    thread's CPU, and ring throughput against independent trainers."""
+    out = []
+    for n in sorted({r["workers"] for r in result["rows"] if r["workers"] > 1}):
+        event, upstream = _row(result, "ring", n), _row(result, "ring-upstream", n)
+        if not event or not upstream:
+            continue
+        cpu = event.get("cpu_horovod_thread_pct")
+        if cpu is not None:
+            out.append((f"N={n}: Horovod background thread ≤ 5 % of a core per rank", cpu <= 5,
+                         f"{cpu:.1f}% (upstream loop: {percent(upstream.get('cpu_horovod_thread_pct'), digits=1)}); "
+                         f"other threads {percent(event.get('cpu_other_threads_pct'))} "
+                         f"(upstream: {percent(upstream.get('cpu_other_threads_pct'))})"))
+        share = event.get("fraction_of_independent")
+        if share is not None:
+            up = upstream.get("fraction_of_independent")
+            out.append((f"N={n}: ring ≥ 95 % of {n} independent trainers (median of {event['rounds']} rounds)",
+                        share >= 0.95, f"{100 * share:.0f}% (upstream loop: "
+                        f"{percent(None if up is None else 100 * up)})"))
+    return out
 
 
 # --- over several link rates ---------------------------------------------------
@@ -239,8 +277,7 @@ def write_links(out_dir):
     for result in results:
         text += markdown(result).replace("# Ring against PS", "## Ring against PS", 1) + "\n"
     text += "## Targets, as measured in this run\n\n"
-    text += tables.markdown([("target", "target"), ("met", "met"), ("detail", "measured")],
-                            [{"target": t, "met": "yes" if ok else "NO", "detail": d} for t, ok, d in targets(results)])
+    text += target_table(targets(results))
     with open(os.path.join(out_dir, "scaling.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out_dir, "scaling.json"), "w") as f:

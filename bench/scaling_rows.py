@@ -10,7 +10,9 @@ import statistics
 from bench import stats
 from bench.environment import describe, usable_cores
 
-RING_MODES = ("ring", "ring-gloo")
+# mpirun (MPI controller; ring-upstream with Horovod's upstream background loop) and horovodrun --gloo
+RING_MODES = ("ring", "ring-upstream", "ring-gloo")
+ONE_TIMER_MODES = ("ps-ingraph", "towers")  # one process drives (and times) all N towers
 
 
 def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None):
@@ -23,7 +25,9 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None):
     cores = cfg.get("cores") or usable_cores()
     rows = []
     for (mode, n, p), runs in summaries.items():
-        windows = [w for s in runs for per_worker in s.get("window_images_per_sec", []) for w in per_worker]
+        # in-graph and towers: one process times every tower's samples; per worker is its share
+        share = n if mode in ONE_TIMER_MODES else 1
+        windows = [w / share for s in runs for per_worker in s.get("window_images_per_sec", []) for w in per_worker]
         mean, ci = stats.mean_ci95(windows)
         step = _median([_mean(s.get("step_time_sec")) for s in runs])
         compute = compute_seconds(summaries, mode, n, p, site["across_hosts"])
@@ -31,14 +35,15 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None):
         comm = predicted - compute if predicted is not None else None
         wire = _median([measured_wire_bytes(s) for s in runs]) if site["across_hosts"] else None
         theory = theory_wire_bytes(mode, runs[-1]) if site["across_hosts"] else None
-        procs = n + p
+        procs = 1 if mode == "towers" else n + p  # towers: one process, a pool thread per tower
+        threads = n * max(cfg["threads"], 1) if mode == "towers" else procs * max(cfg["threads"], 1)
         rows.append({
             "mode": mode, "workers": n, "num_ps": p, "processes": procs, "cores": cores,
             "hosts": len(set(runs[-1].get("hosts") or [])) or 1, "site": site["label"],
             "link_rate": site.get("link_rate"), "time_dilation": k,
             "algorithm": algorithm(mode, runs[-1], p),
             "threads_per_worker": cfg["threads"],
-            "oversubscribed": not site["across_hosts"] and procs * max(cfg["threads"], 1) > cores,
+            "oversubscribed": not site["across_hosts"] and threads > cores,
             "per_worker_images_per_sec_mean": mean * k, "per_worker_images_per_sec_ci95": _scale(ci, k),
             "rounds": len(runs), "total_images_per_sec_runs": [s["images_per_sec"] * k for s in runs],
             "total_images_per_sec": _median([s["images_per_sec"] for s in runs]) * k,
@@ -53,6 +58,8 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None):
             "steps": runs[0].get("steps"), "train_loss": runs[-1].get("train_loss"),
             "test_accuracy": runs[-1].get("test_accuracy"), "staleness_mean": runs[-1].get("staleness_mean"),
             "staleness_max": runs[-1].get("staleness_max"),
+            "cpu_horovod_thread_pct": _median([cpu_per_worker(s, "horovod_thread") for s in runs]),
+            "cpu_other_threads_pct": _median([cpu_per_worker(s, "other_threads") for s in runs]),
             "summary_json": runs[-1].get("_summary_json"), "log": runs[-1].get("_log"),
         })
     for r in rows:
@@ -116,8 +123,10 @@ def predicted_step_seconds(mode, summary, compute, fit, ps_fit, site, cfg):
         return stats.ring_step_seconds(compute, backward, nbytes, n, fit["alpha_sec"], fit["beta_sec_per_byte"])
     if mode.startswith("ps-") and ps_fit and summary.get("ps_bytes"):
         workers, ps = endpoints(mode, summary, site["across_hosts"])
+        # (in-graph: the towers' reads and the client's update, as one sync step; its feeds are not modelled)
         return stats.ps_step_seconds(compute, forward, backward, workers, ps, summary["ps_bytes"],
-                                     ps_fit["alpha_sec"], ps_fit["beta_sec_per_byte"], sync=mode == "ps-sync")
+                                     ps_fit["alpha_sec"], ps_fit["beta_sec_per_byte"],
+                                     sync=mode in ("ps-sync", "ps-ingraph"))
     return None
 
 
@@ -127,6 +136,13 @@ def fit_at(fit, n):
     if "alpha_sec" in fit:
         return fit
     return fit.get(str(n)) or fit.get("all") or next(iter(fit.values()))
+
+
+def cpu_per_worker(summary, part):
+    """A run's mean over workers of one part of their CPU (% of a core): the
+    Horovod background thread, or every other thread (workloads/threadcpu.py)."""
+    values = [w[part] for w in summary.get("cpu_pct_of_core") or [] if w and w.get(part) is not None]
+    return sum(values) / len(values) if values else None
 
 
 def step_rates(summary):
@@ -152,7 +168,7 @@ def theory_wire_bytes(mode, summary):
     nbytes = summary.get("gradient_bytes")
     if mode in RING_MODES and nbytes:
         return stats.ring_wire_bytes(summary.get("hosts") or [], nbytes)
-    if mode.startswith("ps-") and summary.get("ps_bytes"):
+    if mode in ("ps-sync", "ps-async") and summary.get("ps_bytes"):
         workers, ps = endpoints(mode, summary, across_hosts=True)
         per_step = stats.ps_wire_bytes(workers, ps, summary["ps_bytes"])
         rates = step_rates(summary) or [1.0] * len(per_step)
@@ -165,7 +181,10 @@ def algorithm(mode, summary, p):
     if mode in RING_MODES:
         return summary.get("allreduce_algorithm") or "n/a"
     if mode.startswith("ps-"):
-        return f"gRPC push/pull, {p} PS" + (f", {summary['placement']}" if p > 1 and summary.get("placement") else "")
+        how = "gRPC, in-graph client" if mode == "ps-ingraph" else "gRPC push/pull"
+        return f"{how}, {p} PS" + (f", {summary['placement']}" if p > 1 and summary.get("placement") else "")
+    if mode == "towers":
+        return "towers, mean on the CPU"
     return "none"
 
 

@@ -19,6 +19,7 @@ examples (the seeds' four terminals; add --is_sync=True or --sync for sync):
 
 Across hosts, each task runs on the host its address names (e.g. --ps_hosts=h2:2222).
 The whole cluster in one command: {PROG} launch --help
+One process, one tower per device: {PROG} towers --help
 """
 
 
@@ -42,15 +43,16 @@ def task_parser():
 def run_task(argv):
     args = task_parser().parse_args(argv)
     cluster = make_cluster(args.ps_hosts, args.worker_hosts, args.chief_host)
+    check_mode(args, len(cluster.worker))
     if args.api == "tf2" and not cluster.chief:
         raise UsageError("--api tf2 needs --chief_host=H:P: the coordinator task that drives training")
     if args.api == "v1" and cluster.chief:
         raise UsageError("--chief_host is for --api tf2 only: with v1, worker 0 is the chief")
     check_task(cluster, args.job_name, args.task_index)
-    check_mode(args, len(cluster.worker))
     check_port_free(cluster.address(args.job_name, args.task_index),
                     f"{args.job_name} task {args.task_index}")
-    trains = args.job_name == ("chief" if args.api == "tf2" else "worker")
+    trains = args.job_name == ("chief" if args.api == "tf2" else "worker") and \
+        (args.replication == "between-graph" or args.task_index == 0)
     dataset = load_training_data(args) if trains else None  # numpy: bad paths fail before TF loads
 
     from workloads.tfenv import import_tensorflow_quietly, set_threads
@@ -63,9 +65,16 @@ def run_task(argv):
             return worker_tf2.train(args, cluster, dataset)
         return worker_tf2.serve(tf, cluster, args.job_name, args.task_index, args.threads, log)
     set_threads(args.threads)
-    if args.job_name == "ps":
-        server = servers.start_server(tf, cluster, "ps", args.task_index, args.threads)
-        return servers.run_ps(tf, server, args.task_index, args.threads, log)
+    in_graph = args.replication == "in-graph"
+    if args.job_name == "ps" or (in_graph and args.task_index != 0):
+        # PS tasks serve variables; in in-graph replication, workers other than the
+        # client serve their tower and stop with the client.
+        server = servers.start_server(tf, cluster, args.job_name, args.task_index, args.threads)
+        client = ("the in-graph client (worker 0)", cluster.worker[0]) if in_graph else None
+        return servers.serve(tf, server, args.job_name, args.task_index, args.threads, log, watch=client)
+    if in_graph:
+        from ps_baseline import worker_ingraph
+        return worker_ingraph.train(args, cluster, dataset)
     from ps_baseline import worker_v1
     return worker_v1.train(args, cluster, dataset)
 
@@ -75,6 +84,9 @@ def main(argv=None):
     if argv and argv[0] == "launch":
         from ps_baseline import launcher
         return run_cli(f"{PROG} launch", launcher.main, argv[1:])
+    if argv and argv[0] == "towers":
+        from ps_baseline import towers
+        return run_cli(f"{PROG} towers", towers.main, argv[1:])
     return run_cli(PROG, run_task, argv)
 
 

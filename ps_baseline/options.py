@@ -27,6 +27,10 @@ def add_mode_flags(parser):
     g.add_argument("--replicas-to-aggregate", type=positive_int, metavar="K",
                    help="sync: gradients per update (default: all workers); K below the worker "
                         "count leaves backup workers, so one slow or dead worker does not stall training")
+    g.add_argument("--replication", choices=("between-graph", "in-graph"), default="between-graph",
+                   help="between-graph: every worker builds its own replica of the graph (default); "
+                        "in-graph: worker 0 alone builds one graph with a tower on every worker task "
+                        "and feeds them all (synchronous; the other workers only serve)")
     g.add_argument("--api", choices=("v1", "tf2"), default="v1",
                    help="v1: the seeds' between-graph replication (default); tf2: "
                         "tf.distribute.ParameterServerStrategy + ClusterCoordinator (async only)")
@@ -49,6 +53,12 @@ def add_mode_flags(parser):
 
 
 def check_mode(args, num_workers):
+    if args.replication == "in-graph":
+        if args.api == "tf2":
+            raise UsageError("--replication in-graph is the seeds' tf.compat.v1 graph mode: drop --api tf2")
+        if args.replicas_to_aggregate:
+            raise UsageError("--replication in-graph averages every tower each step: "
+                             "--replicas-to-aggregate is for between-graph --sync")
     if args.replicas_to_aggregate and not args.sync:
         raise UsageError("--replicas-to-aggregate needs --sync: async training applies every gradient")
     if args.replicas_to_aggregate and args.replicas_to_aggregate > num_workers:

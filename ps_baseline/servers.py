@@ -5,6 +5,7 @@ import sys
 import threading
 
 from multihost.net import is_listening, wait_for
+from ps_baseline.options import PROG
 from workloads.errors import UsageError, first_line
 from workloads.tfenv import session_config
 
@@ -23,29 +24,37 @@ def start_server(tf, cluster, job_name, task_index, threads, inter_op_threads=No
                          f"at {address}: {first_line(e)}") from None
 
 
-def shutdown_queue(tf, ps_index):
-    """A queue living on PS task `ps_index`: the chief enqueues into it when
-    training is over, which lets that PS exit instead of joining forever."""
-    with tf.compat.v1.device(f"/job:ps/task:{ps_index}"):
-        return tf.compat.v1.FIFOQueue(1, tf.int32, shared_name=f"ps_baseline_shutdown_{ps_index}",
-                                      name=f"ps_baseline_shutdown_{ps_index}")
+def shutdown_queue(tf, job, task_index):
+    """A queue living on task `job`/`task_index`: the chief (or in-graph client)
+    enqueues into it when training is over, which lets that task exit instead
+    of joining forever."""
+    name = f"ps_baseline_shutdown_{job}_{task_index}"
+    with tf.compat.v1.device(f"/job:{job}/task:{task_index}"):
+        return tf.compat.v1.FIFOQueue(1, tf.int32, shared_name=name, name=name)
 
 
-def run_ps(tf, server, task_index, threads, log):
-    """Serve variables until the chief says training is over (or forever, as
-    server.join() in the seeds, if the chief never does)."""
+def serve(tf, server, job, task_index, threads, log, watch=None):
+    """Serve (variables on a PS task, a tower on an in-graph worker) until the
+    chief says training is over, or forever, as server.join() in the seeds, if
+    it never does. `watch`: (who, address) of a client whose death ends this
+    task with one line."""
     graph = tf.Graph()
     with graph.as_default():
-        wait_for_shutdown = shutdown_queue(tf, task_index).dequeue()
-    config = session_config(tf, threads, [f"/job:ps/task:{task_index}"])
+        wait_for_shutdown = shutdown_queue(tf, job, task_index).dequeue()
+    config = session_config(tf, threads, [f"/job:{job}/task:{task_index}"])
     sess = tf.compat.v1.Session(server.target, graph=graph, config=config)
-    log(f"ps task {task_index} serving at {server.target}")
+    log(f"{job} task {task_index} serving at {server.target}")
+    watchdog = Watchdog(PROG, [watch], "Restart the cluster to resume from the last checkpoint.") if watch else None
+    if watchdog:
+        watchdog.start()
     # The blocking dequeue runs in a thread, so that Ctrl-C still reaches Python.
     waiter = threading.Thread(target=sess.run, args=(wait_for_shutdown,), daemon=True)
     waiter.start()
     while waiter.is_alive():
         waiter.join(0.5)
-    log(f"ps task {task_index}: training is over, shutting down")
+    if watchdog:
+        watchdog.stop()
+    log(f"{job} task {task_index}: training is over, shutting down")
     return 0
 
 
@@ -61,10 +70,16 @@ class Watchdog(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self):
-        misses = {address: 0 for _, address in self.peers}
-        while not self._stop_event.wait(WATCH_INTERVAL_SEC):
+        # A peer counts only once it has answered: a client may start after its servers.
+        # Until every peer has, look often, so a short-lived one is not missed.
+        misses, seen = {address: 0 for _, address in self.peers}, set()
+        while not self._stop_event.wait(WATCH_INTERVAL_SEC if len(seen) == len(misses) else 0.25):
             for who, address in self.peers:
-                misses[address] = 0 if is_listening(address) else misses[address] + 1
+                if is_listening(address):
+                    misses[address] = 0
+                    seen.add(address)
+                elif address in seen:
+                    misses[address] += 1
                 if misses[address] >= WATCH_MISSES and not self._stop_event.is_set():
                     sys.stderr.write(f"{self.prog}: error: {who} at {address} stopped answering; "
                                      f"training cannot go on. {self.advice}\n")

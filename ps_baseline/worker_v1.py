@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from multihost.net import wait_for
 from ps_baseline import placement, reports, servers
+from ps_baseline.options import PROG
 from workloads import models
 from workloads.console import Console
 from workloads.errors import UsageError
@@ -25,7 +26,6 @@ from workloads.sharding import epoch_shard, steps_per_epoch
 from workloads.summary import StepTimer, build_summary
 from workloads.tfenv import import_tensorflow_quietly, session_config, set_threads
 
-PROG = "ps-baseline"
 BOOKKEEPING = "ps_baseline"  # name scope of variables that are not the model's
 
 
@@ -160,7 +160,7 @@ def build_coordination(tf, args, num_workers, num_ps, optimizer):
             write_report=report_vars[args.task_index].assign(report_text), report_text=report_text,
             reset_reports=tf.group(*[v.initializer for v in report_vars]),
             read_reports=[v.read_value() for v in report_vars],
-            shutdown_ps=[servers.shutdown_queue(tf, i).enqueue(1) for i in range(num_ps)],
+            shutdown_ps=[servers.shutdown_queue(tf, "ps", i).enqueue(1) for i in range(num_ps)],
             # PS: after the last update, tokens that free any worker still waiting for one.
             release_workers=optimizer.get_init_tokens_op(num_tokens=num_workers) if args.sync else None)
 
@@ -193,7 +193,8 @@ def train(args, cluster, dataset):
     else:
         console.begin("waiting for the chief to initialise the variables")
         wait_for_chief(tf, server, g, config, args.startup_timeout, cluster.worker[0])
-    session = open_session(tf, args, server, g, config, is_chief, cluster)
+    session = open_session(tf, args, server, config, is_chief, cluster,
+                           sync_optimizer=g.train.optimizer if args.sync else None)
 
     peers = [(f"ps task {i}", a) for i, a in enumerate(cluster.ps)]
     if not is_chief:
@@ -240,12 +241,12 @@ def train(args, cluster, dataset):
     return 0
 
 
-def open_session(tf, args, server, g, config, is_chief, cluster):
+def open_session(tf, args, server, config, is_chief, cluster, sync_optimizer=None):
     hooks = []
-    if args.sync:
+    if sync_optimizer:
         quiet_cancelled_queue_runners(tf)
         # PS: the chief runs the queue that applies aggregated updates.
-        hooks.append(g.train.optimizer.make_session_run_hook(is_chief, num_tokens=0))
+        hooks.append(sync_optimizer.make_session_run_hook(is_chief, num_tokens=0))
     checkpoint_options = ({"save_checkpoint_steps": args.checkpoint_every, "save_checkpoint_secs": None}
                           if args.checkpoint_every else {"save_checkpoint_secs": 600})
     try:

@@ -1,7 +1,7 @@
 """What rank 0 alone does during a run: the console, TensorBoard scalars and
 checkpoints. On every other rank each call does nothing, so the training loop
 calls them unconditionally and stays linear."""
-from ringtrain import checkpoints
+from workloads import checkpoints
 from workloads.console import Console
 
 

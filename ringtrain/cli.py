@@ -3,7 +3,7 @@ import os
 import sys
 
 from workloads import flags
-from workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS
+from workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
 from workloads.errors import UsageError, run_cli
 
 EXAMPLES = """examples:
@@ -36,6 +36,10 @@ def parser():
                    help="Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD; default 128)")
     r.add_argument("--cycle-time-ms", type=float, metavar="MS",
                    help="Horovod background cycle (HOROVOD_CYCLE_TIME; default 1 ms)")
+    r.add_argument("--horovod-loop", choices=sorted(HOROVOD_LOOPS), default=None,
+                   help="Horovod's background thread: event (ringtrain's patch, the default) sleeps "
+                        "until a tensor is queued; upstream runs a coordination round every cycle "
+                        "(HOROVOD_EVENT_DRIVEN_LOOP)")
     r.add_argument("--timeline", "--horovod-timeline", metavar="FILE",
                    help="write a Horovod timeline (chrome://tracing); under horovodrun, which "
                         "claims --timeline itself, spell it --horovod-timeline")

@@ -11,7 +11,7 @@ def apply_before_init(args):
     for name, value in mpi_env.items():
         os.environ.setdefault(name, value)  # a user's own setting wins
     os.environ.update(knob_env(args.cycle_time_ms, args.fusion_threshold_mb,
-                               os.path.abspath(args.timeline) if args.timeline else None))
+                               os.path.abspath(args.timeline) if args.timeline else None, args.horovod_loop))
 
 
 def learning_rate_schedule(args, size, steps_per_epoch):

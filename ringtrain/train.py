@@ -12,7 +12,7 @@ from ringtrain import knobs
 from ringtrain.chief import Chief
 from workloads import models, pipeline
 from workloads.evaluation import Evaluation, evaluate
-from workloads.horovod_env import allreduce_algorithm_in_effect
+from workloads.horovod_env import allreduce_algorithm_in_effect, horovod_loop_in_effect
 from workloads.optimizers import keras_optimizer
 from workloads.sharding import steps_per_epoch
 from workloads.summary import StepTimer, build_summary
@@ -75,7 +75,7 @@ def train(args, dataset):
         "ring", args, dataset, world_size=hvd.size(), steps=step, epochs=step / per_epoch,
         train_loss=losses.last, evaluation=evaluation, wall_seconds=wall_seconds, reports=reports,
         controller=controller, hosts=[r["host"] for r in reports], checkpoint=chief.ckpt.latest,
-        allreduce_algorithm=allreduce_algorithm_in_effect(controller),
+        allreduce_algorithm=allreduce_algorithm_in_effect(controller), horovod_loop=horovod_loop_in_effect(),
         gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables))
     chief.console.finish(summary, args.summary_json)
     if args.dump_weights:

@@ -283,9 +283,9 @@ def test_tiny_allreduce_bench_reports_every_implementation(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_tiny_scaling_bench_end_to_end_holds_every_column(tmp_path):
-    # ring and sync PS at N = 1, 2, and the independent trainers every row is
-    # measured against, which the bench adds itself: six launches
-    modes = "ring,ps-sync"
+    # ring (both Horovod loops) and sync PS at N = 1, 2, and the independent trainers
+    # every row is measured against, which the bench adds itself: eight launches
+    modes = "ring,ring-upstream,ps-sync"
     out = run_bench(["scaling", "--modes", modes, "--np", "1,2", "--steps", "13", "--batch-size", "16",
                      "--out", str(tmp_path)], timeout=340)
     result = json.loads((tmp_path / "scaling.json").read_text())
@@ -297,6 +297,71 @@ def test_tiny_scaling_bench_end_to_end_holds_every_column(tmp_path):
         assert row["efficiency"] is not None
         # independent trainers exchange nothing: no compute/communication split
         assert (row["compute_time_ms"] is None) == (row["mode"] == "independent")
+        # per-thread CPU: Horovod's background thread exists in the ring ranks only
+        assert row["cpu_other_threads_pct"] > 0
+        assert (row["cpu_horovod_thread_pct"] is None) == row["mode"].startswith("ps-"), row["mode"]
+    assert "upstream loop" in out  # the loop comparison under the table
     assert {"horovod", "numpy", "mpirun", "cores", "threads_per_worker", "hostfile"} <= set(result["environment"])
     assert result["config"]["modes"] == modes.split(",")
     assert "efficiency" in out and (tmp_path / "scaling_throughput.png").exists()
+
+
+def test_thread_cpu_is_split_into_horovods_named_thread_and_the_rest():
+    import ctypes
+    import threading
+    import time
+    from workloads import threadcpu
+
+    def busy():  # a thread that names itself as patch 0004 names Horovod's, then spins
+        ctypes.CDLL(None).prctl(15, threadcpu.HOROVOD_THREAD.encode(), 0, 0, 0)  # PR_SET_NAME
+        named.set()
+        end = time.process_time() + 10
+        while not stop.is_set() and time.process_time() < end:
+            pass
+
+    named, stop = threading.Event(), threading.Event()
+    before = threadcpu.split_seconds(threadcpu.cpu_seconds_by_thread())
+    assert before[0] is None  # no such thread yet
+    worker = threading.Thread(target=busy)
+    worker.start()
+    named.wait()
+    start, t0 = threadcpu.split_seconds(threadcpu.cpu_seconds_by_thread()), time.monotonic()
+    time.sleep(0.5)
+    end, seconds = threadcpu.split_seconds(threadcpu.cpu_seconds_by_thread()), time.monotonic() - t0
+    stop.set()
+    worker.join()
+    pct = threadcpu.percent_of_a_core(start, end, seconds)
+    assert pct["horovod_thread"] > 20  # the spinning thread, whatever else the machine runs
+    assert pct["other_threads"] < pct["horovod_thread"]  # this thread slept
+
+
+def test_loop_targets_compare_the_event_loop_with_upstream_in_the_same_rounds():
+    def with_cpu(s, horovod, other):
+        s["cpu_pct_of_core"] = [{"horovod_thread": horovod, "other_threads": other}] * s["world_size"]
+        return s
+    runs = {("ring", 1, 0): [with_cpu(summary("ring", 1, 1000, 0.064), 1.0, 90)],
+            ("ring", 2, 0): [with_cpu(summary("ring", 2, 960, 0.067), 4.0, 85)],
+            ("ring-upstream", 1, 0): [with_cpu(summary("ring-upstream", 1, 1000, 0.064), 30.0, 70)],
+            ("ring-upstream", 2, 0): [with_cpu(summary("ring-upstream", 2, 800, 0.08), 25.0, 60)],
+            ("independent", 2, 0): [summary("independent", 2, 1000, 0.064)]}
+    result = build(runs, dict(CFG, modes=["ring", "ring-upstream"]), FIT)
+    rows = {(r["mode"], r["workers"]): r for r in result["rows"]}
+    assert rows[("ring", 2)]["cpu_horovod_thread_pct"] == pytest.approx(4.0)
+    assert rows[("independent", 2)]["cpu_horovod_thread_pct"] is None
+    targets = scaling_report.loop_targets(result)
+    assert [(t.split(":")[0], met) for t, met, _ in targets] == [("N=2", True), ("N=2", True)]
+    assert "upstream loop: 25.0%" in targets[0][2] and "upstream loop: 80%" in targets[1][2]
+    assert "ring-upstream" in scaling_report.markdown(result)
+
+
+def test_replication_modes_get_their_own_launch_and_towers_stay_on_one_machine():
+    from bench import scaling, sites
+    cfg = dict(CFG, modes=["ps-ingraph", "towers"], np=[1, 2], num_ps=["1"], data_dir=None)
+    here = scaling.configurations(cfg, across_hosts=False)
+    assert ("towers", 2, 0) in here and ("ps-ingraph", 2, 1) in here and ("independent", 2, 0) in here
+    assert all(mode != "towers" for mode, _, _ in scaling.configurations(cfg, across_hosts=True))
+    site = sites.this_machine()
+    towers = scaling.command("towers", 2, 0, cfg, 64, "s.json", site, "/tmp")
+    assert towers[1:4] == ["towers", "--towers", "2"] and "--summary-json" in towers
+    in_graph = scaling.command("ps-ingraph", 2, 1, cfg, 64, "s.json", site, "/tmp")
+    assert in_graph[1] == "launch" and in_graph[in_graph.index("--replication") + 1] == "in-graph"

@@ -9,7 +9,7 @@ import pytest
 
 from ps_baseline import launcher
 from ps_baseline.reports import Staleness, WorkerReport, staleness_fields
-from ringtrain.checkpoints import Progress
+from workloads.checkpoints import Progress
 from ringtrain.knobs import learning_rate_schedule
 from workloads.console import Console, human_summary
 from workloads.evaluation import Evaluation

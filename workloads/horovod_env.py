@@ -12,9 +12,16 @@ MPI_YIELD_WHEN_IDLE = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 MPI_TCP_LINKS = {"OMPI_MCA_btl_tcp_links": "2"}
 
 
-def knob_env(cycle_time_ms=None, fusion_threshold_mb=None, timeline=None):
+# Horovod's background loop (patches/horovod-0.28.1/0004): "event" sleeps until a
+# tensor is queued; "upstream" runs a coordination round every cycle, idle or not.
+HOROVOD_LOOPS = {"event": "1", "upstream": "0"}
+
+
+def knob_env(cycle_time_ms=None, fusion_threshold_mb=None, timeline=None, loop=None):
     """{HOROVOD_*: value} for the knobs that are set (None: Horovod's default)."""
     env = {}
+    if loop is not None:
+        env["HOROVOD_EVENT_DRIVEN_LOOP"] = HOROVOD_LOOPS[loop]
     if cycle_time_ms is not None:
         env["HOROVOD_CYCLE_TIME"] = f"{cycle_time_ms:g}"
     if fusion_threshold_mb is not None:
@@ -49,3 +56,9 @@ def allreduce_algorithm_in_effect(controller, environ=None):
         names = {number: name for name, number in MPI_ALLREDUCE_ALGORITHMS.items()}
         return f"mpi {names.get(int(forced), forced)}"
     return "mpi default (OpenMPI's choice by size and ranks)"
+
+
+def horovod_loop_in_effect(environ=None):
+    """Which background loop Horovod runs under this environment, for the summary."""
+    env = os.environ if environ is None else environ
+    return "upstream" if env.get("HOROVOD_EVENT_DRIVEN_LOOP", "1").strip() == "0" else "event"

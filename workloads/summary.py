@@ -10,6 +10,8 @@ import socket
 import sys
 import time
 
+from workloads import threadcpu
+
 # Set by a launcher that reads a task's summary from its output: the printed
 # line then holds everything, per-window rates included.
 FULL_SUMMARY_LINE_ENV = "RINGTRAIN_FULL_SUMMARY_LINE"
@@ -40,6 +42,9 @@ class StepTimer:
     def __init__(self, warmup_steps=WARMUP_STEPS, window_steps=WINDOW_STEPS):
         self.warmup_steps, self.window_steps = warmup_steps, window_steps
         self._net_start = self._net_end = None
+        # per-thread CPU, read when windows close (cheap enough every 10 steps, not every step)
+        self._cpu_start = self._cpu_end = None
+        self._cpu_start_time = self._cpu_end_time = None
         self.steps = 0
         self.samples = 0.0
         self.seconds = 0.0
@@ -68,6 +73,7 @@ class StepTimer:
     def _start_window(self, now):
         if self._net_start is None:
             self._net_start = self._net_end = interface_bytes()
+            self._cpu_start, self._cpu_start_time = _cpu_reading(), now
         self._window_start, self._window_samples, self._window_steps = now, 0.0, 0
         self._window_start_unix = self._last_step_end_unix
 
@@ -77,11 +83,16 @@ class StepTimer:
         self.seconds += elapsed
         self.windows.append(self._window_samples / elapsed if elapsed > 0 else 0.0)
         self.window_spans_unix.append([self._window_start_unix, self._last_step_end_unix, self._window_samples])
+        self._cpu_end, self._cpu_end_time = _cpu_reading(), now
         self._start_window(now)
 
     def report(self):
         """This worker's timed totals. A trailing partial window counts too,
         closed at the end of the last step, whenever report() is called."""
+        # CPU covers the full windows only: a trailing partial window is closed
+        # after the last step, when evaluation may already have run.
+        cpu = threadcpu.percent_of_a_core(self._cpu_start, self._cpu_end,
+                                          (self._cpu_end_time or 0) - (self._cpu_start_time or 0))
         if self._window_start is not None and self._window_steps:
             self._close_window(self._last_step_end)
         timed_steps = self.steps - max(self.warmup_steps, 0)
@@ -90,7 +101,12 @@ class StepTimer:
         return {"samples": self.samples, "seconds": self.seconds, "windows": self.windows,
                 "step_time_sec": self.seconds / timed_steps if timed_steps > 0 else 0.0,
                 "window_spans_unix": self.window_spans_unix, "host": socket.gethostname(),
-                "timed_steps": max(timed_steps, 0), "net_rx_bytes": net[0], "net_tx_bytes": net[1]}
+                "timed_steps": max(timed_steps, 0), "net_rx_bytes": net[0], "net_tx_bytes": net[1],
+                "cpu_pct_of_core": cpu}
+
+
+def _cpu_reading():
+    return threadcpu.split_seconds(threadcpu.cpu_seconds_by_thread())
 
 
 def measured_throughput(reports):
@@ -109,6 +125,8 @@ def measured_throughput(reports):
         # each worker's host, and what that host's interfaces moved during its timed steps
         "network": [{"host": r.get("host"), "timed_steps": r.get("timed_steps"),
                      "rx_bytes": r.get("net_rx_bytes"), "tx_bytes": r.get("net_tx_bytes")} for r in reports],
+        # each worker's CPU during its full timed windows, as % of one core
+        "cpu_pct_of_core": [r.get("cpu_pct_of_core") for r in reports],
     }
 
 

@@ -1,4 +1,4 @@
-"""Standard tf.train.Checkpoint files, written by rank 0 only.
+"""Standard tf.train.Checkpoint files, written by one process: ring rank 0, or towers.
 
 Atomic: TF writes a checkpoint's data and index files before
 CheckpointManager rewrites the `checkpoint` state file (write-then-rename),

@@ -1,0 +1,62 @@
+"""Ringtrain's Horovod patches: the event-driven background loop (0004) and
+Keras 3 support (0002, 0005), under real mpirun and horovodrun --gloo."""
+import os
+
+import pytest
+
+from helpers import BIN, ENV, ONE_THREAD, REPO, assert_same_weights, json_in, mpirun, run_ok, weights
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+SCRIPTS = os.path.join(REPO, "tests", "scripts")
+
+
+def on_two_ranks(script, *args, gloo=False, env=()):
+    """mpirun -np 2 (or horovodrun --gloo -np 2) python SCRIPT ARGS; every JSON line it printed."""
+    python = [os.path.join(BIN, "python"), os.path.join(SCRIPTS, script), *args]
+    if gloo:
+        cmd = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", "2", *python]
+    else:
+        exports = [word for name, _ in env for word in ("-x", name)]
+        cmd = ["mpirun", "-np", "2", "-x", "PATH", *exports, *python]
+    out = run_ok(cmd, timeout=240, env=dict(ENV, **dict(env)))
+    return [found for found in map(json_in, out.splitlines()) if found is not None]
+
+
+@pytest.mark.parametrize("gloo", [False, True], ids=["mpi", "gloo"])
+def test_horovods_api_that_ringtrain_uses_still_works(tmp_path, gloo):
+    lines = on_two_ranks("horovod_api.py", str(tmp_path / "timeline.json"), gloo=gloo)
+    checks = {"distributed_gradient_tape", "broadcast", "allgather", "join", "timeline",
+              "partial_distributed_gradient_tape", "register_local_source", "sync_batch_normalization",
+              "sync_batch_normalization_keras2_keywords"}
+    failed = [f"rank {r['rank']} {r['check']}: {r['detail']}" for r in lines if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    for rank in (0, 1):
+        assert {r["check"] for r in lines if r["rank"] == rank} == checks
+
+
+def idle_cpu(loop, gloo=False):
+    lines = on_two_ranks("idle_horovod.py", gloo=gloo, env=[("HOROVOD_EVENT_DRIVEN_LOOP", loop)])
+    assert len(lines) == 2 and all(r["threads"] == 1 for r in lines), lines  # the thread was found, once
+    return [r["cpu_pct"] for r in lines]
+
+
+def test_an_idle_rank_spends_no_cpu_in_horovods_background_thread():
+    upstream = idle_cpu("0")  # measured in this run, for the record
+    event, gloo = idle_cpu("1"), idle_cpu("1", gloo=True)
+    print(f"idle background thread, % of a core per rank: upstream {upstream}, event {event}, gloo {gloo}")
+    assert max(event) < 2 and max(gloo) < 2, (event, gloo, upstream)
+
+
+def test_both_loops_train_the_same_identical_ranks(tmp_path):
+    """The loop changes when rounds run, never what they compute."""
+    args = ["--model", "mnist_cnn", "--batch-size", "16", "--steps", "6", "--log-every", "3",
+            "--optimizer", "sgd", "--no-dropout", *ONE_THREAD]
+    dumps = {}
+    for loop in ("event", "upstream"):
+        dumps[loop] = str(tmp_path / f"{loop}-{{rank}}.npz")
+        summary = [s for s in map(json_in, run_ok(mpirun(2, *args, "--horovod-loop", loop, "--dump-weights",
+                                                         dumps[loop])).splitlines()) if s][-1]
+        assert summary["horovod_loop"] == loop
+        assert_same_weights(weights(dumps[loop], 0), weights(dumps[loop], 1), exact=True)
+    # two ranks: every sum is a + b whichever round carried it, so the loops agree exactly
+    assert_same_weights(weights(dumps["event"], 0), weights(dumps["upstream"], 0), exact=True)

@@ -1,0 +1,47 @@
+"""Per-thread CPU of this process, from /proc/self/task/TID/stat (utime+stime).
+
+Horovod's background thread is named `hvd_background` by ringtrain's patch
+0004, so a rank's CPU splits into that thread and everything else (TF's
+compute pools, tf.data, Python). Linux only; elsewhere the readings are empty.
+"""
+import os
+
+HOROVOD_THREAD = "hvd_background"
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds_by_thread(pid="self"):
+    """{tid: (name, cpu seconds)} for every live thread of `pid`."""
+    threads = {}
+    base = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return threads
+    for tid in tids:
+        try:
+            with open(f"{base}/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended between listdir and open
+        # the name sits in parentheses and may hold spaces: split after the last ')'
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        threads[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / _TICKS)
+    return threads
+
+
+def split_seconds(threads):
+    """(Horovod background thread, every other thread) CPU seconds; the first
+    is None in a process without that thread (a PS task, say)."""
+    horovod = [s for name, s in threads.values() if name == HOROVOD_THREAD]
+    return (sum(horovod) if horovod else None), sum(s for name, s in threads.values() if name != HOROVOD_THREAD)
+
+
+def percent_of_a_core(start, end, wall_seconds):
+    """{"horovod_thread": %, "other_threads": %} of one core between two
+    split_seconds() readings `wall_seconds` apart (None if no time passed)."""
+    if not start or not end or wall_seconds <= 0:
+        return None
+    share = lambda a, b: None if a is None or b is None else 100.0 * (b - a) / wall_seconds
+    return {"horovod_thread": share(start[0], end[0]), "other_threads": share(start[1], end[1])}
