@@ -44,6 +44,17 @@ def test_towers_with_batch_b_each_equal_one_process_on_the_global_batch(tmp_path
             np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+def test_towers_checkpoint_and_resume_where_they_left_off(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    towers = [*PS_BASELINE, "towers", "--towers", "2", *TINY, "--checkpoint-dir", ckpt, "--checkpoint-every", "3"]
+    first = last_json(run_ok([*towers, "--steps", "6"]))
+    assert first["steps"] == 6 and first["checkpoint"].endswith("ckpt-6")
+    out = run_ok([*towers, "--steps", "10", "--resume"])
+    assert "steps 6..10" in out  # the start line: it went on from step 6, not from 0
+    resumed = last_json(out)
+    assert resumed["steps"] == 10 and resumed["checkpoint"].endswith("ckpt-10")
+
+
 def seed_cluster(tasks, ps, workers, *extra):
     """The seeds' per-terminal commands, with --replication in-graph."""
     tasks.start("ps0", task_args(ps, workers, "ps", 0, *IN_GRAPH, "--threads", "1"))
@@ -100,3 +111,4 @@ def test_in_graph_refuses_what_it_cannot_do_in_one_line():
     assert_one_line_error(task_args(ps, workers, "worker", 0, *IN_GRAPH, "--sync", "--replicas-to-aggregate",
                                     "1"), "--replicas-to-aggregate is for between-graph")
     assert_one_line_error([*PS_BASELINE, "towers", "--towers", "0"], "--towers")
+    assert_one_line_error([*PS_BASELINE, "towers", "--resume"], "--resume needs --checkpoint-dir")
