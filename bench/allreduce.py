@@ -24,6 +24,7 @@ import numpy as np
 
 from bench import launch, sites, stats, tables
 from bench.environment import describe, usable_cores
+from workloads.summary import dumps
 from workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, knob_env, mpi_allreduce_env
 
 UPSTREAM_LOOP = knob_env(loop="upstream")
@@ -239,7 +240,7 @@ def at_gradient_size(result):
 
 def write(result, out_dir):
     with open(os.path.join(out_dir, "allreduce.json"), "w") as f:
-        json.dump(result, f, indent=1, sort_keys=True)
+        f.write(dumps(result, indent=1, sort_keys=True))
     text = markdown(result)
     with open(os.path.join(out_dir, "allreduce.md"), "w") as f:
         f.write(text)

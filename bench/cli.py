@@ -8,7 +8,7 @@ import time
 
 from workloads.catalog import MODEL_SPECS
 from workloads.errors import UsageError, run_cli
-from workloads.flags import OneLineParser, positive_float, positive_int
+from workloads.flags import OneLineParser, finite_float, non_negative_float, positive_float, positive_int
 from workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS, knob_env
 
 EXAMPLES = """examples:
@@ -70,8 +70,8 @@ def rate_list(text):
 
 def float_list(text):
     try:
-        values = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
+        values = [finite_float(t) for t in text.split(",") if t.strip()]
+    except (ValueError, argparse.ArgumentTypeError):
         values = []
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected factors >= 1 like 1,10, got {text!r}")
@@ -109,7 +109,7 @@ def add_allreduce_flags(p):
                    default=[], metavar="A[,A...]",
                    help="one raw MPI_Allreduce row set per OpenMPI algorithm, e.g. ring,rabenseifner,"
                         "recursive_doubling,default (default: OpenMPI's own choice only)")
-    g.add_argument("--compare-cycle-time-ms", type=float, metavar="MS",
+    g.add_argument("--compare-cycle-time-ms", type=positive_float, metavar="MS",
                    help="also run the Horovod-over-MPI rows with HOROVOD_CYCLE_TIME=MS")
     g.add_argument("--compare-upstream-loop", action="store_true",
                    help="also run the Horovod-over-MPI rows with Horovod's upstream background loop")
@@ -117,9 +117,9 @@ def add_allreduce_flags(p):
 
 def add_horovod_flags(p):
     g = p.add_argument_group("Horovod knobs (for the Horovod allreduce rows and the ring runs)")
-    g.add_argument("--cycle-time-ms", type=float, metavar="MS",
+    g.add_argument("--cycle-time-ms", type=positive_float, metavar="MS",
                    help="HOROVOD_CYCLE_TIME / ringtrain --cycle-time-ms (default: Horovod's own, 1 ms)")
-    g.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
+    g.add_argument("--fusion-threshold-mb", type=non_negative_float, metavar="MB",
                    help="HOROVOD_FUSION_THRESHOLD / ringtrain --fusion-threshold-mb (default: 128 MB)")
 
 
@@ -170,7 +170,7 @@ def add_run_flags(p, np_type, np_default, np_help, timeout, model_help="default 
     p.add_argument("--np", type=np_type, default=np_default, help=np_help)
     p.add_argument("--model", default="mnist_cnn", choices=sorted(MODEL_SPECS), help=model_help)
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--timeout", type=float, default=timeout,
+    p.add_argument("--timeout", type=positive_float, default=timeout,
                    help=f"seconds per launch (default {timeout:g})")
 
 

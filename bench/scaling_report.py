@@ -5,6 +5,7 @@ import json
 import os
 
 from bench import plots, tables
+from workloads.summary import dumps
 
 COLUMNS = [
     ("mode", "mode"), ("algorithm", "algorithm"), ("n", "N (PS)"), ("hosts", "hosts"), ("link", "link"),
@@ -144,7 +145,7 @@ def write(result, out_dir):
     with open(os.path.join(out_dir, "scaling.csv"), "w") as f:
         f.write(tables.csv_text(CSV_KEYS, result["rows"]))
     with open(os.path.join(out_dir, "scaling.json"), "w") as f:
-        json.dump(result, f, indent=1, sort_keys=True)
+        f.write(dumps(result, indent=1, sort_keys=True))
     plots.scaling_plots(result["rows"], os.path.join(out_dir, "scaling_throughput.png"),
                         os.path.join(out_dir, "scaling_efficiency.png"), title=result.get("site", {}).get("label"))
     return text
@@ -281,6 +282,6 @@ def write_links(out_dir):
     with open(os.path.join(out_dir, "scaling.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out_dir, "scaling.json"), "w") as f:
-        json.dump({"links": results, "targets": [{"target": t, "met": ok, "measured": d}
-                                                 for t, ok, d in targets(results)]}, f, indent=1, sort_keys=True)
+        f.write(dumps({"links": results, "targets": [{"target": t, "met": ok, "measured": d}
+                                                  for t, ok, d in targets(results)]}, indent=1, sort_keys=True))
     return text

@@ -28,13 +28,13 @@ def parser():
     r = p.add_argument_group("ring mode (Horovod)")
     r.add_argument("--no-lr-scaling", action="store_true",
                    help="keep --lr as is instead of multiplying it by the rank count")
-    r.add_argument("--warmup-epochs", type=float, default=1.0, metavar="E",
+    r.add_argument("--warmup-epochs", type=flags.non_negative_float, default=1.0, metavar="E",
                    help="ramp the lr from --lr to lr*N over E epochs (default 1; 0 disables)")
     r.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16")
     r.add_argument("--adasum", action="store_true", help="combine gradients with Adasum")
-    r.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
+    r.add_argument("--fusion-threshold-mb", type=flags.non_negative_float, metavar="MB",
                    help="Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD; default 128)")
-    r.add_argument("--cycle-time-ms", type=float, metavar="MS",
+    r.add_argument("--cycle-time-ms", type=flags.positive_float, metavar="MS",
                    help="Horovod background cycle (HOROVOD_CYCLE_TIME; default 1 ms)")
     r.add_argument("--horovod-loop", choices=sorted(HOROVOD_LOOPS), default=None,
                    help="Horovod's background thread: event (ringtrain's patch, the default) sleeps "
@@ -50,6 +50,9 @@ def parser():
     r.add_argument("--mpi-busy-wait", action="store_true",
                    help="let OpenMPI spin while waiting (its default); ringtrain otherwise sets "
                         "OMPI_MCA_mpi_yield_when_idle=1, which is faster when ranks share cores")
+    r.add_argument("--on-nan", choices=("stop", "skip"), default="stop",
+                   help="a non-finite loss or gradient: stop at once with the step, the rank and the "
+                        "last good checkpoint (default), or skip that update and go on")
     r.add_argument("--no-allreduce", action="store_true",
                    help="measurement only: skip the gradient allreduce, so ranks diverge "
                         "(Horovod's background thread still coordinates every cycle)")
@@ -72,10 +75,6 @@ def validate(args):
     if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) \
             and not os.path.isdir(args.checkpoint_dir):
         raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is a file, not a directory")
-    if args.fusion_threshold_mb is not None and args.fusion_threshold_mb < 0:
-        raise UsageError("--fusion-threshold-mb must be >= 0")
-    if args.cycle_time_ms is not None and args.cycle_time_ms <= 0:
-        raise UsageError("--cycle-time-ms must be > 0")
     if args.epochs == 0 and not args.steps:
         raise UsageError("--epochs 0 trains nothing: give --epochs >= 1 or --steps K")
 

@@ -11,6 +11,7 @@ import numpy as np
 from ringtrain import knobs
 from ringtrain.chief import Chief
 from workloads import models, pipeline
+from workloads.errors import TrainingStopped
 from workloads.evaluation import Evaluation, evaluate
 from workloads.horovod_env import allreduce_algorithm_in_effect, horovod_loop_in_effect
 from workloads.optimizers import keras_optimizer
@@ -53,9 +54,12 @@ def train(args, dataset):
                                     progress.epoch, skip, args.threads)
     timer, losses, wall_start = StepTimer(args.warmup_steps), LossWindow(), time.perf_counter()
     epoch = done_in_epoch = None
+    skipped = 0
     for step, (epoch, done_in_epoch, batch) in zip(range(step + 1, total_steps + 1), batches):
         optimizer.learning_rate.assign(lr_at(step - 1))
-        loss_sum, samples = train_step(*batch)
+        loss_sum, samples, finite = train_step(*batch)
+        if not finite:
+            skipped += non_finite_step(args, hvd, chief, step, loss_sum)
         timer.step_done(float(samples))
         losses.add(loss_sum, samples)
         if step % args.log_every == 0 or step == total_steps:
@@ -76,6 +80,7 @@ def train(args, dataset):
         train_loss=losses.last, evaluation=evaluation, wall_seconds=wall_seconds, reports=reports,
         controller=controller, hosts=[r["host"] for r in reports], checkpoint=chief.ckpt.latest,
         allreduce_algorithm=allreduce_algorithm_in_effect(controller), horovod_loop=horovod_loop_in_effect(),
+        skipped_steps=skipped,
         gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables))
     chief.console.finish(summary, args.summary_json)
     if args.dump_weights:
@@ -100,10 +105,37 @@ def make_train_step(args, hvd, model, optimizer):
             # Horovod: each gradient's allreduce starts as soon as backprop produces it.
             tape = hvd.DistributedGradientTape(tape, compression=compression, op=reduce_op)
         grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss_sum, tf.reduce_sum(weights)
+        # A non-finite gradient never reaches the weights. After the allreduce
+        # every rank holds the same gradients, so every rank decides alike.
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+
+        def apply():
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return tf.constant(True)
+
+        tf.cond(finite, apply, lambda: tf.constant(False))
+        return loss_sum, tf.reduce_sum(weights), finite
 
     return train_step
+
+
+def non_finite_step(args, hvd, chief, step, loss_sum):
+    """A step whose gradients were not finite (its update was not applied):
+    with --on-nan skip, say so and go on (returns 1, a skipped step); else stop
+    every rank, rank 0 saying in one line where and what to resume from."""
+    if args.on_nan == "skip":
+        chief.console.line(f"step {step}: non-finite gradients; update skipped (--on-nan skip)")
+        return 1
+    mine = bool(np.isfinite(float(loss_sum)))
+    # Horovod: every rank reached this step with the same gradients; name the ranks whose loss broke.
+    finite = [mine] if args.no_allreduce else hvd.allgather_object(mine)
+    ranks = [r for r, ok in enumerate(finite) if not ok] or "every rank (loss finite, gradients not)"
+    latest = chief.ckpt.latest if chief.is_chief else None
+    resume = (f"the last good checkpoint is {latest}: resume with --resume and a lower --lr"
+              if latest else "no checkpoint was written yet (--checkpoint-dir)")
+    raise TrainingStopped(f"non-finite loss at step {step} on rank(s) {ranks}; training stopped before "
+                          f"applying it, {resume}, or pass --on-nan skip",
+                          quiet=not chief.is_chief and not args.no_allreduce)
 
 
 def global_evaluation(hvd, model, dataset):

@@ -1,8 +1,17 @@
-"""One error type for bad input: the CLIs print it as one line and exit 2."""
+"""Errors the CLIs print as one line: bad input (exit 2), a stopped run (exit 3)."""
 
 
 class UsageError(Exception):
     """Bad user input (flag, path, file). The message names it and the fix."""
+
+
+class TrainingStopped(Exception):
+    """Training stopped on purpose (a diverged run): one line, exit 3. `quiet`
+    on the processes whose peer already says it, so the line appears once."""
+
+    def __init__(self, message, quiet=False):
+        super().__init__(message)
+        self.quiet = quiet
 
 
 def first_line(error):
@@ -19,6 +28,10 @@ def run_cli(prog, main, argv=None):
     except UsageError as e:
         sys.stderr.write(f"{prog}: error: {e}\n")
         return 2
+    except TrainingStopped as e:
+        if not e.quiet:
+            sys.stderr.write(f"{prog}: error: {e}\n")
+        return 3
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130

@@ -1,6 +1,7 @@
 """Training flags shared by `ringtrain` and `ps-baseline`, so that both modes
 are driven by the same words and a comparison changes only the mode."""
 import argparse
+import math
 import sys
 
 from workloads import data
@@ -30,10 +31,25 @@ def non_negative_int(text):
     return value
 
 
-def positive_float(text):
+def finite_float(text):
+    """A float flag: inf and nan are never a setting someone means."""
     value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def positive_float(text):
+    value = finite_float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative_float(text):
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
 
 
@@ -57,7 +73,7 @@ def add_training_flags(parser, summary_json=True):
                    help="default %(default)s")
     g.add_argument("--lr", type=positive_float, default=1e-3,
                    help="single-worker learning rate (default %(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="weights and shuffling (default 0)")
+    g.add_argument("--seed", type=non_negative_int, default=0, help="weights and shuffling (default 0)")
     g.add_argument("--no-dropout", action="store_true",
                    help="disable dropout (deterministic runs, e.g. equivalence checks)")
     g.add_argument("--checkpoint-dir", metavar="DIR", help="write checkpoints here")

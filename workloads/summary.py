@@ -5,6 +5,7 @@ Throughput is measured, never extrapolated: every worker times its own steps
 samples over the slowest worker's timed seconds.
 """
 import json
+import math
 import os
 import socket
 import sys
@@ -147,16 +148,33 @@ def build_summary(mode, args, dataset, *, world_size, steps, epochs, train_loss,
     }
 
 
+def strict(value):
+    """`value` with every non-finite float as None: JSON has no NaN or Infinity,
+    and a parser that follows the standard rejects them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
+
+
+def dumps(value, **kw):
+    """json.dumps, strict: NaN and infinities become null."""
+    return json.dumps(strict(value), allow_nan=False, **kw)
+
+
 def emit(summary, path=None, stream=None):
     """Print the summary as the last stdout line, less the per-window rates
     (launchers split very long lines); write all of it atomically to path."""
     stream = stream or sys.stdout
     shown = summary if os.environ.get(FULL_SUMMARY_LINE_ENV) else \
         {k: v for k, v in summary.items() if k not in ("window_images_per_sec", "window_spans_unix")}
-    stream.write(json.dumps(shown, sort_keys=True) + "\n")
+    stream.write(dumps(shown, sort_keys=True) + "\n")
     stream.flush()
     if path:
         tmp = f"{path}.tmp.{os.getpid()}"
         with open(tmp, "w") as f:
-            f.write(json.dumps(summary, sort_keys=True) + "\n")
+            f.write(dumps(summary, sort_keys=True) + "\n")
         os.replace(tmp, path)
