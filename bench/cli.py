@@ -10,6 +10,7 @@ from workloads.catalog import MODEL_SPECS
 from workloads.errors import UsageError, run_cli
 from workloads.flags import OneLineParser, finite_float, non_negative_float, positive_float, positive_int
 from workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS, knob_env
+from workloads.outputs import check_outputs
 
 EXAMPLES = """examples:
   ringtrain-bench allreduce --np 2 --sizes 4K..256M --out bench/results
@@ -296,8 +297,7 @@ def run_scaling(args, log):
 
 def _main(argv):
     args = parser().parse_args(argv)
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out} is a file: give a directory")
+    check_outputs(args)
     check_site(args)
     os.makedirs(args.out, exist_ok=True)
     log = lambda m: print(m, file=sys.stderr, flush=True)

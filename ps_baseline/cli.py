@@ -6,6 +6,7 @@ import sys
 from ps_baseline.cluster import check_port_free, check_task, make_cluster
 from ps_baseline.options import PROG, add_mode_flags, check_mode
 from workloads.errors import UsageError, run_cli
+from workloads.outputs import check_outputs
 from workloads.flags import OneLineParser, add_training_flags, load_training_data
 
 SEED_HOSTS = "--ps_hosts=localhost:2222,localhost:2223 --worker_hosts=localhost:2224,localhost:2225"
@@ -44,6 +45,7 @@ def run_task(argv):
     args = task_parser().parse_args(argv)
     cluster = make_cluster(args.ps_hosts, args.worker_hosts, args.chief_host)
     check_mode(args, len(cluster.worker))
+    check_outputs(args)
     if args.api == "tf2" and not cluster.chief:
         raise UsageError("--api tf2 needs --chief_host=H:P: the coordinator task that drives training")
     if args.api == "v1" and cluster.chief:

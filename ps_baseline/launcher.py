@@ -23,6 +23,7 @@ from ps_baseline.options import PROG, add_mode_flags, check_mode
 from workloads.console import Console
 from workloads.errors import UsageError
 from workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
+from workloads.outputs import check_outputs
 from workloads.summary import FULL_SUMMARY_LINE_ENV
 
 WORKERS_GRACE_SEC = 60  # after the chief is done, time for the others to finish
@@ -108,6 +109,8 @@ def assign_ports(tasks):
 def main(argv):
     args = launch_parser().parse_args(argv)
     check_mode(args, args.num_workers)
+    # The launcher writes the summary; the chief writes checkpoints on its own host, and checks them there.
+    check_outputs(argparse.Namespace(summary_json=args.summary_json) if args.hostfile else args)
     load_training_data(args)  # bad data flags fail here, before any task starts
     tf2 = args.api == "tf2"
     hosts = (hostfile.read_hostfile(args.hostfile) if args.hostfile

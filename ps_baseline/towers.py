@@ -15,6 +15,7 @@ from workloads.console import Console
 from workloads.errors import UsageError
 from workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
 from workloads.optimizers import keras_optimizer
+from workloads.outputs import check_outputs, parent_made
 from workloads.sharding import steps_per_epoch
 from workloads.summary import StepTimer, build_summary
 from workloads.tfenv import import_tensorflow_quietly
@@ -50,6 +51,7 @@ def main(argv):
     args = parser().parse_args(argv)
     if args.resume and not args.checkpoint_dir:
         raise UsageError("--resume needs --checkpoint-dir DIR: the folder to resume from")
+    check_outputs(args)
     dataset = load_training_data(args)  # numpy: bad input fails before TF loads
     tf = import_tensorflow_quietly()
     from workloads import models, pipeline  # (these import TF)
@@ -107,7 +109,7 @@ def main(argv):
         gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables))
     console.finish(summary, args.summary_json)
     if args.dump_weights:
-        np.savez(args.dump_weights, *[v.numpy() for v in model.variables])
+        np.savez(parent_made(args.dump_weights), *[v.numpy() for v in model.variables])
     return 0
 
 

@@ -1,10 +1,10 @@
 """`ringtrain`: the ring-allreduce trainer, and `ringtrain doctor`."""
-import os
 import sys
 
 from workloads import flags
-from workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
 from workloads.errors import UsageError, run_cli
+from workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
+from workloads.outputs import check_outputs
 
 EXAMPLES = """examples:
   horovodrun -np 2 ringtrain --model mnist_cnn --epochs 5
@@ -72,9 +72,7 @@ def parser():
 def validate(args):
     if args.resume == "latest" and not args.checkpoint_dir:
         raise UsageError("--resume without a checkpoint needs --checkpoint-dir")
-    if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) \
-            and not os.path.isdir(args.checkpoint_dir):
-        raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is a file, not a directory")
+    check_outputs(args)  # before the training, not at its first save
     if args.epochs == 0 and not args.steps:
         raise UsageError("--epochs 0 trains nothing: give --epochs >= 1 or --steps K")
 

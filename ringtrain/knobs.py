@@ -2,6 +2,7 @@
 import os
 
 from workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, knob_env, mpi_allreduce_env
+from workloads.outputs import parent_made
 
 
 def apply_before_init(args):
@@ -10,8 +11,8 @@ def apply_before_init(args):
                    **({} if args.mpi_busy_wait else MPI_YIELD_WHEN_IDLE))
     for name, value in mpi_env.items():
         os.environ.setdefault(name, value)  # a user's own setting wins
-    os.environ.update(knob_env(args.cycle_time_ms, args.fusion_threshold_mb,
-                               os.path.abspath(args.timeline) if args.timeline else None, args.horovod_loop))
+    timeline = os.path.abspath(parent_made(args.timeline)) if args.timeline else None
+    os.environ.update(knob_env(args.cycle_time_ms, args.fusion_threshold_mb, timeline, args.horovod_loop))
 
 
 def learning_rate_schedule(args, size, steps_per_epoch):

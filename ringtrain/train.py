@@ -15,6 +15,7 @@ from workloads.errors import TrainingStopped
 from workloads.evaluation import Evaluation, evaluate
 from workloads.horovod_env import allreduce_algorithm_in_effect, horovod_loop_in_effect
 from workloads.optimizers import keras_optimizer
+from workloads.outputs import parent_made
 from workloads.sharding import steps_per_epoch
 from workloads.summary import StepTimer, build_summary
 from workloads.tfenv import set_threads
@@ -84,7 +85,7 @@ def train(args, dataset):
         gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables))
     chief.console.finish(summary, args.summary_json)
     if args.dump_weights:
-        np.savez(args.dump_weights.format(rank=hvd.rank()), *[v.numpy() for v in model.variables])
+        np.savez(parent_made(args.dump_weights.format(rank=hvd.rank())), *[v.numpy() for v in model.variables])
     return 0
 
 

@@ -8,10 +8,13 @@ checkpoints are kept up to `keep`.
 Progress is stored as (step, epoch, samples into the epoch), so that a
 resume on a different rank count continues at the same point of the data.
 """
+import glob
 import os
+import re
+import shutil
 from dataclasses import dataclass
 
-from workloads.errors import UsageError, first_line
+from workloads.errors import TrainingStopped, UsageError, first_line
 
 
 @dataclass
@@ -47,9 +50,22 @@ class Checkpoints:
         return self._manager.latest_checkpoint if self._manager else None
 
     def save(self, progress):
+        """Write a checkpoint; if the disk is full or failing, remove what the
+        attempt left (TF's `ckpt-N_temp` folder), keep the older checkpoints,
+        and stop the run in one line that says what to resume from."""
         for key, var in self._progress.items():
             var.assign(getattr(progress, key))
-        return self._manager.save(checkpoint_number=progress.step)
+        try:
+            return self._manager.save(checkpoint_number=progress.step)
+        except (OSError, self._tf.errors.OpError) as e:
+            prefix = os.path.join(self.directory, f"ckpt-{progress.step}")
+            for leftover in glob.glob(prefix + "_temp*") + glob.glob(prefix + ".*"):
+                shutil.rmtree(leftover, ignore_errors=True) if os.path.isdir(leftover) else os.remove(leftover)
+            latest = self.latest
+            raise TrainingStopped(
+                f"cannot write the checkpoint of step {progress.step} to {self.directory}: {_reason(e)}; "
+                + (f"the last good checkpoint is {latest}: free space and resume with --resume" if latest
+                   else "no earlier checkpoint: free space and start again")) from None
 
     def restore(self, source):
         """source: 'latest' (the newest in the checkpoint dir, or a fresh start
@@ -75,3 +91,9 @@ class Checkpoints:
         if not os.path.exists(source + ".index"):
             raise UsageError(f"--resume {source}: no such checkpoint (expected {source}.index)")
         return source
+
+
+def _reason(error):
+    """TF's message without its op plumbing ({{function_node ...}}, [Op:...])."""
+    text = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\]", "", first_line(error))
+    return "no space left on device" if "No space left on device" in text else text

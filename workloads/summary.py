@@ -174,6 +174,7 @@ def emit(summary, path=None, stream=None):
     stream.write(dumps(shown, sort_keys=True) + "\n")
     stream.flush()
     if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # checked at start-up
         tmp = f"{path}.tmp.{os.getpid()}"
         with open(tmp, "w") as f:
             f.write(dumps(summary, sort_keys=True) + "\n")
