@@ -1,6 +1,7 @@
 """The TF gRPC servers, the PS task's life, and the watchdog that turns a
 vanished PS or chief into a clear error instead of a silent hang."""
 import os
+import socket
 import sys
 import threading
 
@@ -94,6 +95,12 @@ class Watchdog(threading.Thread):
 def wait_for_tasks(cluster, job, timeout):
     """Wait until every task of `job` accepts connections; one line if one does not."""
     for i, address in enumerate(getattr(cluster, job)):
+        host, port = address.rsplit(":", 1)
+        try:
+            socket.getaddrinfo(host, int(port))
+        except socket.gaierror:
+            raise UsageError(f"{job} task {i} at {address}: cannot resolve host {host}: fix --{job}_hosts "
+                             "(or the hostfile), or its entry in /etc/hosts") from None
         if not wait_for(lambda: is_listening(address), timeout):
             raise UsageError(f"{job} task {i} at {address} did not come up within {timeout:g}s "
                              "(--startup-timeout): start it, or check the host lists")

@@ -66,3 +66,10 @@ def test_worker_gives_up_when_its_ps_never_comes_up():
     # The PS address is free and nobody starts a PS there: the worker must say so.
     cmd = task_args(hosts(1), hosts(1), "worker", 0, *TINY, "--steps", "5", "--startup-timeout", "3")
     assert_one_line_error(cmd, "did not come up within 3s", within=45)
+
+
+def test_an_unresolvable_ps_host_is_named_not_just_late():
+    worker = hosts(1)
+    one_line_error([*PS_BASELINE, "--ps_hosts=no-such-host.invalid:2222", f"--worker_hosts={worker}",
+                           "--job_name=worker", "--task_index=0", "--threads", "1"],
+                          "cannot resolve host no-such-host.invalid", within=40, code=2)

@@ -85,3 +85,18 @@ def test_a_dead_rank_ends_the_job_within_seconds_and_is_named(tmp_path):
         assert tasks.wait("job", 60) != 0
         assert time.monotonic() - killed < 20
         assert "exited on signal 9" in tasks.log("job")  # mpirun names the rank, its PID and host
+
+
+@pytest.mark.parametrize("gloo", [False, True], ids=["mpirun", "horovodrun-gloo"])
+def test_a_bad_dataset_on_two_ranks_is_said_once_not_once_per_rank(gloo):
+    from helpers import mpirun
+    cmd = horovodrun(2, "--data-dir", "/nonexistent/mnist", gloo=True) if gloo else \
+        mpirun(2, "--data-dir", "/nonexistent/mnist")
+    done = run(cmd, timeout=60)
+    assert done.returncode != 0
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "ringtrain: error:" in line]
+    assert len(said) == 1 and "/nonexistent/mnist" in said[0], done.stdout + done.stderr
+
+
+def test_a_batch_larger_than_the_dataset_is_refused():
+    assert_one_line_error(["ringtrain", "--batch-size", "4001"], "larger than the 4000 training samples")

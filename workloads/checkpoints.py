@@ -12,6 +12,7 @@ import glob
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 
 from workloads.errors import TrainingStopped, UsageError, first_line
@@ -73,11 +74,34 @@ class Checkpoints:
         path = self._resolve(source)
         if path is None:
             return Progress()
-        try:
-            self._ckpt.restore(path).assert_existing_objects_matched()
-        except (self._tf.errors.OpError, AssertionError, ValueError) as e:
-            raise UsageError(f"cannot restore checkpoint {path}: {first_line(e)}") from None
-        return Progress(**{k: int(v.numpy()) for k, v in self._progress.items()})
+        # A named prefix is that checkpoint only; from a folder, an unreadable newest
+        # one (cut short by a crash, say) falls back to the newest that reads.
+        candidates = [path] + (self._older_than(path) if source == "latest" or os.path.isdir(source) else [])
+        first_error = None
+        for candidate in candidates:
+            status = None
+            try:
+                status = self._ckpt.restore(candidate)
+                status.assert_existing_objects_matched()
+            except Exception as e:  # noqa: BLE001 -- a truncated file raises IndexError, among others
+                if status is not None:
+                    status.expect_partial()
+                # TF warns at exit about the values a failed restore left; we say it in one line.
+                self._tf.get_logger().setLevel("ERROR")
+                first_error = first_error or e
+                continue
+            if candidate != path:
+                sys.stderr.write(f"warning: checkpoint {path} is unreadable ({_reason(first_error)}); "
+                                 f"resumed from {candidate}, the newest that reads\n")
+            return Progress(**{k: int(v.numpy()) for k, v in self._progress.items()})
+        raise UsageError(f"cannot restore checkpoint {path}: {_reason(first_error)}")
+
+    def _older_than(self, path):
+        """The checkpoints in path's folder older than it, newest first."""
+        state = self._tf.train.get_checkpoint_state(os.path.dirname(path))
+        paths = list(state.all_model_checkpoint_paths) if state else []
+        paths = [p if os.path.isabs(p) else os.path.join(os.path.dirname(path), p) for p in paths]
+        return [p for p in reversed(paths) if p != path and os.path.exists(p + ".index")]
 
     def _resolve(self, source):
         tf = self._tf

@@ -26,7 +26,8 @@ def run_cli(prog, main, argv=None):
     try:
         return main(argv)
     except UsageError as e:
-        sys.stderr.write(f"{prog}: error: {e}\n")
+        if launched_rank() in (None, 0):  # every rank sees the same bad input: rank 0 says it
+            sys.stderr.write(f"{prog}: error: {e}\n")
         return 2
     except TrainingStopped as e:
         if not e.quiet:
@@ -35,3 +36,12 @@ def run_cli(prog, main, argv=None):
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130
+
+
+def launched_rank():
+    """This process's rank when mpirun or horovodrun started it, else None."""
+    import os
+    for name in ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return None

@@ -7,6 +7,7 @@ import sys
 from workloads import data
 from workloads.catalog import MODEL_SPECS, check_compatible
 from workloads.data import DATASETS
+from workloads.errors import UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -102,4 +103,7 @@ def load_training_data(args):
         args.dataset = MODEL_SPECS[args.model].default_dataset
     dataset = data.load(args.dataset, args.data_dir, MODEL_SPECS[args.model].image_shape, args.seed)
     check_compatible(args.model, dataset)
+    if args.batch_size > len(dataset.train_labels):
+        raise UsageError(f"--batch-size {args.batch_size} is larger than the {len(dataset.train_labels)} "
+                         f"training samples of {dataset.source}: give a smaller batch")
     return dataset
