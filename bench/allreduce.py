@@ -24,8 +24,8 @@ import numpy as np
 
 from bench import launch, sites, stats, tables
 from bench.environment import describe, usable_cores
-from workloads.summary import dumps
 from workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, knob_env, mpi_allreduce_env
+from workloads.summary import dumps
 
 UPSTREAM_LOOP = knob_env(loop="upstream")
 
@@ -145,6 +145,7 @@ def knob_text(knobs):
 
 
 def impl_knobs(impl, knobs, compare_cycle_ms):
+    """The Horovod knobs a row's launch ran with."""
     if "-cycle" in impl:
         return dict(knobs, HOROVOD_CYCLE_TIME=f"{compare_cycle_ms:g}")
     if "-upstream" in impl:
@@ -169,8 +170,8 @@ def summarise(rows, knobs, compare_cycle_ms=None, across_hosts=False):
                     "busbw_gbs": busbw / 1e9, "memcpy_gbs": memcpy.get((r["bytes"], n), float("nan")) / 1e9,
                     "wire_bytes_theory": theory,
                     "wire_pct_of_theory": 100 * wire / theory if wire and theory else None,
-                    "knobs": "" if not r["impl"].startswith("horovod") else knob_text(impl_knobs(r["impl"], knobs,
-                                                                                               compare_cycle_ms))})
+                    "knobs": knob_text(impl_knobs(r["impl"], knobs, compare_cycle_ms))
+                    if r["impl"].startswith("horovod") else ""})
     mpi = {(r["bytes"], r["world_size"]): r["busbw_gbs"] for r in out if r["impl"] in ("mpi4py", "mpi-default")}
     for r in out:
         key = (r["bytes"], r["world_size"])
