@@ -7,7 +7,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 NP ?= 2
 
-.PHONY: install install-gpu run test test-quick bench bench-cluster doctor clean
+.PHONY: install install-gpu run test test-quick bench bench-cluster bench-sync doctor clean
 
 install:
 	bash scripts/install.sh
@@ -41,6 +41,12 @@ bench-cluster: install
 		--num-ps 1,N --out bench/results/cluster
 	ringtrain-bench scaling $(CLUSTER_RUN) --link-rate 10gbit --time-dilation 10 --modes ring,ps-sync \
 		--out bench/results/cluster
+
+# Sync against async: one straggler at 1x, 1.5x, 3x (simulated accelerator, 3 rounds, ~8 min),
+# then time to 97% on the embedded MNIST (3 rounds, ~10 min). Reports: bench/results/sync/*.md
+bench-sync: install
+	ringtrain-bench straggler --np 2 --factors 1,1.5,3 --repeats 3 --out bench/results/sync
+	ringtrain-bench convergence --np 2 --target 0.97 --repeats 3 --out bench/results/sync
 
 doctor: install
 	ringtrain doctor

@@ -15,7 +15,11 @@ from workloads.outputs import check_outputs
 EXAMPLES = """examples:
   ringtrain-bench allreduce --np 2 --sizes 4K..256M --out bench/results
   ringtrain-bench scaling --modes ring,ps-sync,ps-async --np 1,2 --model mnist_cnn --data synthetic --out bench/results
-  ringtrain-bench report --out bench/results       # both, as `make bench` runs them (~8 min on 2 cores)
+  ringtrain-bench report --out bench/results       # both, as `make bench` runs them (~15 min on 2 cores)
+
+  sync against async (ring, ps-sync, ps-sync-backup, ps-async), on this machine:
+  ringtrain-bench straggler --np 2 --factors 1,1.5,3 --out bench/results      # one slow worker
+  ringtrain-bench convergence --np 2 --target 0.97 --repeats 3 --out bench/results   # time to accuracy
 
   across hosts (--hostfile: yours; --cluster H: a simulated cluster of H hosts the bench builds as root):
   ringtrain-bench scaling --hostfile hosts --np 1,2,4 --modes ring,ring-gloo,ps-sync,ps-async --num-ps 1,N --out r
@@ -166,6 +170,34 @@ def add_scaling_flags(p, modes_default):
                         "OUT/allreduce.json if present); across hosts the bench fits its links itself")
 
 
+def add_tradeoff_flags(p, steps, data, simulate):
+    """The flags `straggler` and `convergence` share: the four modes of bench/sync_modes.py."""
+    from bench.sync_modes import MODES
+    g = p.add_argument_group("sync against async")
+    g.add_argument("--modes", type=choice_list(MODES, "mode(s)"), default=list(MODES), metavar="M[,M...]",
+                   help="of ring, ps-sync (K = W), ps-sync-backup (W + 1 workers, K = W), ps-async "
+                        "(default: all four)")
+    g.add_argument("--data", choices=("synthetic", "mnist", "cifar10"), default=data,
+                   help="dataset (default %(default)s)")
+    g.add_argument("--data-dir", metavar="DIR", help="passed to the trainers")
+    g.add_argument("--batch-size", type=positive_int, default=32, metavar="B",
+                   help="per-worker batch (default %(default)s)")
+    g.add_argument("--steps", type=positive_int, default=steps, metavar="S",
+                   help="updates per run (async: steps per worker) (default %(default)s)")
+    g.add_argument("--warmup-steps", type=positive_int, default=5, metavar="K",
+                   help="steps not timed at the start of each run (default %(default)s)")
+    g.add_argument("--threads", type=positive_int, default=1, metavar="T",
+                   help="TF threads per worker (default 1)")
+    g.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="adam",
+                   help="default %(default)s")
+    g.add_argument("--repeats", type=positive_int, default=1, metavar="R",
+                   help="run everything R times, in interleaved rounds; tables show medians (default 1)")
+    g.add_argument("--simulate-gpu", type=non_negative_float, default=simulate, metavar="MS",
+                   help="workers run a simulated accelerator of MS per step, waits that use no CPU, so that "
+                        "W + 1 workers on few cores do not slow each other; 0: real compute "
+                        f"(default {simulate:g})")
+
+
 def add_run_flags(p, np_type, np_default, np_help, timeout, model_help="default %(default)s"):
     """The flags every subcommand has: rank counts, model, output folder, time limit."""
     p.add_argument("--np", type=np_type, default=np_default, help=np_help)
@@ -201,6 +233,27 @@ def parser():
     add_scaling_flags(r, "ring,ring-upstream,ps-sync,ps-async,ps-ingraph,towers,independent")
     add_horovod_flags(r)
     r.set_defaults(compare_upstream_loop=True, repeats=3)
+    st = sub.add_parser("straggler", help="one slow worker: what it costs ring, sync PS, sync PS with a "
+                        "backup worker, and async PS", **common)
+    add_run_flags(st, positive_int, 2, "W, the workers that sync modes wait for (default 2)", timeout=300)
+    add_tradeoff_flags(st, steps=60, data="synthetic", simulate=30.0)
+    st.add_argument("--factors", type=float_list, default=[1.0, 1.5, 3.0], metavar="F[,F...]",
+                    help="straggler factors; 1 (no straggler, every ratio's reference) is always run "
+                         "(default 1,1.5,3)")
+    st.add_argument("--straggler-rank", type=int, default=1, metavar="R",
+                    help="which worker is slow (default 1: not the chief, whose work includes more)")
+    st.add_argument("--every", type=positive_int, default=1, metavar="E",
+                    help="only every E-th step of the straggler is slow (default 1: all)")
+    cv = sub.add_parser("convergence", help="test accuracy against time and samples; time to a target accuracy",
+                        **common)
+    add_run_flags(cv, positive_int, 2, "W workers (default 2)", timeout=600)
+    add_tradeoff_flags(cv, steps=400, data="mnist", simulate=0.0)
+    cv.add_argument("--target", type=positive_float, default=0.97, metavar="ACC",
+                    help="test accuracy to reach, as a fraction (default %(default)s)")
+    cv.add_argument("--lr", type=positive_float, default=1e-3, help="every mode's lr (default %(default)s)")
+    cv.add_argument("--snapshot-every", type=positive_int, default=10, metavar="K",
+                    help="evaluate the weights of every K-th step (default %(default)s)")
+    cv.add_argument("--straggler", metavar="RANK:FACTOR[:EVERY]", help="run every mode with this straggler")
     return p
 
 
@@ -266,6 +319,46 @@ def scaling_config(args):
             "alpha_beta_json": args.alpha_beta or os.path.join(args.out, "allreduce.json")}
 
 
+def tradeoff_config(args):
+    """The trainers' settings for `straggler` and `convergence`, checked."""
+    from workloads.catalog import model_spec
+    model_spec(args.model)
+    if args.steps <= args.warmup_steps:
+        raise UsageError(f"--steps {args.steps} leaves no step to time after {args.warmup_steps} warm-up "
+                         "steps: give more --steps or fewer --warmup-steps")
+    cfg = {"modes": args.modes, "np": args.np, "model": args.model, "data": args.data, "data_dir": args.data_dir,
+           "batch_size": args.batch_size, "steps": args.steps, "warmup_steps": args.warmup_steps,
+           "threads": args.threads, "optimizer": args.optimizer, "repeats": args.repeats,
+           "simulate_gpu_ms": args.simulate_gpu or None, "timeout": args.timeout, "placement": "greedy"}
+    if args.command == "straggler":
+        if not 0 <= args.straggler_rank < args.np:
+            raise UsageError(f"--straggler-rank {args.straggler_rank}: use 0..{args.np - 1} (one of the --np workers)")
+        cfg.update(factors=sorted(set([1.0] + args.factors)), rank=args.straggler_rank, every=args.every)
+    else:
+        from workloads.catalog import simulated_step_ms
+        from workloads.straggler import check, parse
+        if simulated_step_ms(args.model, cfg["simulate_gpu_ms"]):
+            raise UsageError("convergence needs a model that learns: drop --simulate-gpu (resnet50 and vgg16 "
+                             "are simulated only)")
+        if args.straggler:
+            try:
+                check(parse(args.straggler), args.np)
+            except argparse.ArgumentTypeError as e:
+                raise UsageError(f"--straggler: {e}") from None
+        if not 0 < args.target <= 1:
+            raise UsageError(f"--target {args.target:g} is a fraction: give e.g. 0.97")
+        cfg.update(target=args.target, lr=args.lr, snapshot_every=args.snapshot_every, straggler=args.straggler)
+    return cfg
+
+
+def run_tradeoff(args, log):
+    from bench import convergence, straggler
+    module = straggler if args.command == "straggler" else convergence
+    result = module.run(tradeoff_config(args), args.out, log=log)
+    print(module.markdown(result), flush=True)
+    return result
+
+
 def run_allreduce(args, np_list, log):
     from bench import allreduce, tables
     from workloads.catalog import model_spec
@@ -307,6 +400,8 @@ def _main(argv):
             run_allreduce(args, args.np, log)
         elif args.command == "scaling":
             run_scaling(args, log)
+        elif args.command in ("straggler", "convergence"):
+            run_tradeoff(args, log)
         else:
             run_allreduce(args, [2 if max(args.np) < 2 else max(args.np)], log)
             run_scaling(args, log)

@@ -80,3 +80,58 @@ def scaling_plots(rows, throughput_path, efficiency_path, title=None):
         f.tight_layout()
         f.savefig(p, dpi=100)
         plt.close(f)
+
+
+def straggler_plots(rows, throughput_path, steps_path):
+    """Applied throughput against the straggler factor, as a share of no
+    straggler (dashed: the model); and the healthy workers' step times."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    fig2, ax2 = plt.subplots(figsize=(7, 5))
+    for i, mode in enumerate(dict.fromkeys(r["mode"] for r in rows)):
+        pts = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["factor"])
+        f = [r["factor"] for r in pts]
+        color = f"C{i}"
+        ax.plot(f, [100 * (r["ratio_to_no_straggler"] or 0) for r in pts], marker="o", color=color, label=mode)
+        ax.plot(f, [100 * r["model_ratio"] for r in pts], linestyle="--", color=color, alpha=0.6,
+                label=f"{mode} model")
+        ax2.plot(f, [r["healthy_step_p50_ms"] for r in pts], marker="o", color=color, label=f"{mode} p50")
+        ax2.plot(f, [r["healthy_step_p99_ms"] for r in pts], marker="^", linestyle=":", color=color,
+                 label=f"{mode} p99")
+    ax.set_xlabel("straggler factor (its steps take F x its compute)")
+    ax.set_ylabel("applied img/s, % of the same mode without a straggler")
+    ax.set_title("What one straggler costs each mode (dashed: model)", fontsize=9)
+    ax2.set_xlabel("straggler factor")
+    ax2.set_ylabel("healthy workers' step time, ms")
+    ax2.set_title("Healthy workers' step times: p50 (solid) and p99 (dotted)", fontsize=9)
+    for a, fg, p in ((ax, fig, throughput_path), (ax2, fig2, steps_path)):
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=7)
+        fg.tight_layout()
+        fg.savefig(p, dpi=100)
+        plt.close(fg)
+
+
+def convergence_plots(curves, time_path, samples_path, target=None):
+    """Test accuracy against training seconds and against samples seen, every
+    mode (and round) together. curves: [(mode, [(seconds, samples, accuracy, ...)])], a curve per run."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    fig2, ax2 = plt.subplots(figsize=(7, 5))
+    colors = {}  # one colour and one legend entry per mode, however many rounds
+    for mode, points in curves:
+        first = mode not in colors
+        color = colors.setdefault(mode, f"C{len(colors)}")
+        kw = dict(color=color, marker=".", alpha=0.8, label=mode if first else None)
+        ax.plot([p[0] for p in points], [100 * p[2] for p in points], **kw)
+        ax2.plot([p[1] for p in points], [100 * p[2] for p in points], **kw)
+    for a, fg, p, xl in ((ax, fig, time_path, "training seconds (start-up and snapshots excluded)"),
+                         (ax2, fig2, samples_path, "samples whose gradients were applied")):
+        if target:
+            a.axhline(100 * target, color="grey", linestyle=":", label=f"target {100 * target:g}%")
+        a.set_xlabel(xl)
+        a.set_ylabel("test accuracy, %")
+        a.set_title(f"Test accuracy against {xl.split(' (')[0]}", fontsize=9)
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=8)
+        fg.tight_layout()
+        fg.savefig(p, dpi=100)
+        plt.close(fg)

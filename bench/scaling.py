@@ -90,13 +90,21 @@ def command(mode, workers, num_ps, cfg, batch, summary, site, workdir):
 
 def run_one(mode, workers, num_ps, cfg, out_dir, site, log, round_=0):
     tag = f"{mode}-n{workers}" + (f"-p{num_ps}" if num_ps else "") + f"-r{round_ + 1}"
+    return run_tagged(tag, lambda summary, runs: command(mode, workers, num_ps, cfg, per_worker_batch(cfg, workers),
+                                                         summary, site, runs), out_dir, site, cfg["timeout"], log)
+
+
+def run_tagged(tag, make_command, out_dir, site, timeout, log):
+    """Run make_command(summary path, runs folder) as OUT/runs/TAG.{json,log};
+    returns its summary, or raises RuntimeError with the log's last lines."""
     runs = os.path.join(out_dir, "runs")
+    os.makedirs(runs, exist_ok=True)
     summary, logf = os.path.join(runs, f"{tag}.json"), os.path.join(runs, f"{tag}.log")
     if os.path.exists(summary):
         os.remove(summary)
-    cmd = command(mode, workers, num_ps, cfg, per_worker_batch(cfg, workers), summary, site, runs)
+    cmd = make_command(summary, runs)
     log(f"ringtrain-bench: {tag}: {' '.join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd))}")
-    rc = launch.run(site.enter(cmd), logf, cfg["timeout"])
+    rc = launch.run(site.enter(cmd), logf, timeout)
     if rc != 0 or not os.path.exists(summary):
         raise RuntimeError(f"{tag} failed (exit {rc}); last lines of {logf}:\n{launch.tail(logf)}")
     with open(summary) as f:

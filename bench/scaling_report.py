@@ -138,14 +138,7 @@ def markdown(result):
 
 
 def write(result, out_dir):
-    os.makedirs(out_dir, exist_ok=True)
-    text = markdown(result)
-    with open(os.path.join(out_dir, "scaling.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(out_dir, "scaling.csv"), "w") as f:
-        f.write(tables.csv_text(CSV_KEYS, result["rows"]))
-    with open(os.path.join(out_dir, "scaling.json"), "w") as f:
-        f.write(dumps(result, indent=1, sort_keys=True))
+    text = tables.write_report(out_dir, "scaling", markdown(result), CSV_KEYS, result)
     plots.scaling_plots(result["rows"], os.path.join(out_dir, "scaling_throughput.png"),
                         os.path.join(out_dir, "scaling_efficiency.png"), title=result.get("site", {}).get("label"))
     return text

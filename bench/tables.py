@@ -2,6 +2,7 @@
 measurement, the same columns every time, each defined in bench/COLUMNS.md."""
 import csv
 import io
+import os
 
 
 def markdown(columns, rows):
@@ -68,3 +69,16 @@ def parse_sizes(text, factor=4):
             s *= factor
         return sizes
     return [parse_size(t) for t in text.split(",") if t.strip()]
+
+
+def write_report(out_dir, stem, text, csv_keys, result):
+    """OUT/STEM.md (text), .csv (result's rows, csv_keys) and .json (all of result)."""
+    from workloads.summary import dumps
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out_dir, f"{stem}.csv"), "w") as f:
+        f.write(csv_text(csv_keys, result["rows"]))
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
+        f.write(dumps(result, indent=1, sort_keys=True))
+    return text

@@ -1,10 +1,11 @@
 """`ps-baseline`: TensorFlow's own parameter-server training, one process per
 task as in the seeds, or a whole cluster with `ps-baseline launch`."""
 import argparse
+import os
 import sys
 
 from ps_baseline.cluster import check_port_free, check_task, make_cluster
-from ps_baseline.options import PROG, add_mode_flags, check_mode
+from ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode
 from workloads.errors import UsageError, run_cli
 from workloads.outputs import check_outputs
 from workloads.flags import OneLineParser, add_training_flags, load_training_data
@@ -51,8 +52,12 @@ def run_task(argv):
     if args.api == "v1" and cluster.chief:
         raise UsageError("--chief_host is for --api tf2 only: with v1, worker 0 is the chief")
     check_task(cluster, args.job_name, args.task_index)
-    check_port_free(cluster.address(args.job_name, args.task_index),
-                    f"{args.job_name} task {args.task_index}")
+    address = cluster.address(args.job_name, args.task_index)
+    check_port_free(address, f"{args.job_name} task {args.task_index}")
+    if not os.environ.get(EXPOSURE_SAID_ENV):  # (`launch` says it once for the whole cluster)
+        print(f"{PROG}: {args.job_name} task {args.task_index}: warning: TF's gRPC server at {address} listens on "
+              f"every interface and runs any graph sent to it, without authentication: keep port "
+              f"{address.rsplit(':', 1)[1]} closed to all but the cluster's hosts", flush=True)
     trains = args.job_name == ("chief" if args.api == "tf2" else "worker") and \
         (args.replication == "between-graph" or args.task_index == 0)
     dataset = load_training_data(args) if trains else None  # numpy: bad paths fail before TF loads

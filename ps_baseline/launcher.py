@@ -10,6 +10,7 @@ stopped. The exit status is the chief's, and the last stdout line is the
 chief's JSON summary.
 """
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -19,7 +20,8 @@ import time
 from dataclasses import dataclass
 
 from multihost import hostfile, procs
-from ps_baseline.options import PROG, add_mode_flags, check_mode
+from multihost.private_net import PrivateNetwork
+from ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode
 from workloads.console import Console
 from workloads.errors import UsageError
 from workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
@@ -125,9 +127,24 @@ def main(argv):
 
     console = Console()
     console.line(f"{PROG} launch: " + "; ".join(f"{t.name} at {t.address}" for t in tasks))
-    console.line(f"{PROG} launch: note: TF's gRPC servers listen on every interface of their hosts, on the "
-                 "ports above, and run any graph sent to them without authentication: keep those ports "
-                 "closed to all but the cluster's hosts")
+    # On one machine the tasks need loopback only: a namespace of their own keeps them unreachable.
+    with PrivateNetwork() if not args.hostfile else contextlib.nullcontext(PrivateNetwork()) as net:
+        console.line(f"{PROG} launch: " + exposure(net, args.hostfile))
+        return run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, net)
+
+
+def exposure(net, across_hosts):
+    """One line: where the tasks' unauthenticated gRPC servers can be reached from."""
+    if net.name:
+        return (f"the tasks run in a private network namespace ({net.name}) that has only loopback: their "
+                f"TF gRPC servers, which take no credentials, cannot be reached from outside it")
+    where = "their hosts" if across_hosts else f"this machine ({net.why_not})"
+    return (f"warning: TF's gRPC servers listen on every interface of {where}, on the ports above, and run any "
+            f"graph sent to them without authentication: keep those ports closed to all but the cluster's hosts")
+
+
+def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, net):
+    tf2 = args.api == "tf2"
     words = task_words(argv)
     output = TaskOutput(across_hosts=args.hostfile is not None, chief=chief.name)
     running = {}
@@ -136,10 +153,10 @@ def main(argv):
         for task in tasks:
             argv_ = [sys.executable, "-m", "ps_baseline", *cluster_words, f"--job_name={task.job}",
                      f"--task_index={task.index}", *words]
-            env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+            env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", EXPOSURE_SAID_ENV: "1"}
             if task is chief:
                 env[FULL_SUMMARY_LINE_ENV] = "1"  # its summary comes back through its output
-            running[task.name] = procs.Process(argv_, name=task.name, host=task.host, cwd=os.getcwd(),
+            running[task.name] = procs.Process(net.wrap(argv_), name=task.name, host=task.host, cwd=os.getcwd(),
                                                env=env, on_line=output.write)
         failed = watch(running, chief.name)
         if failed is None and not tf2:  # (TF2's servers join forever: nothing to wait for)

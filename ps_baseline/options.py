@@ -3,10 +3,13 @@
 import argparse
 
 from workloads.errors import UsageError
-from workloads.flags import positive_float, positive_int
+from workloads.flags import non_negative_float, positive_float, positive_int
+from workloads.straggler import check as check_straggler
 
 PROG = "ps-baseline"
 PLACEMENTS = ("round_robin", "greedy", "partitioned")  # see ps_baseline/placement.py
+# Set by `launch` for its tasks: it has said where their servers can be reached.
+EXPOSURE_SAID_ENV = "PS_BASELINE_EXPOSURE_SAID"
 
 
 def parse_bool(text):
@@ -46,6 +49,10 @@ def add_mode_flags(parser):
     g.add_argument("--startup-timeout", type=positive_float, default=60.0, metavar="SEC",
                    help="give up if a PS (or the chief's initialisation) is not there after SEC "
                         "seconds (default %(default)g)")
+    g.add_argument("--stall-timeout", type=non_negative_float, default=120.0, metavar="SEC",
+                   help="v1 between-graph: a worker (or the chief, or PS task 0) frozen for SEC seconds is "
+                        "named; sync training that waits for it ends, async training goes on; 0 disables "
+                        "(default %(default)g)")
     g.add_argument("--report-timeout", type=positive_float, default=120.0, metavar="SEC",
                    help="chief: after its own training, wait at most SEC seconds for the other "
                         "workers' reports (default %(default)g)")
@@ -68,3 +75,8 @@ def check_mode(args, num_workers):
         raise UsageError("--api tf2 (ParameterServerStrategy + ClusterCoordinator) is async only: drop --sync")
     if args.api == "tf2" and args.placement == "greedy":
         raise UsageError("--api tf2 places variables round-robin or partitioned; greedy is v1 only")
+    check_straggler(args.straggler, num_workers, "worker task")
+    if args.snapshot_every and args.api == "tf2":
+        raise UsageError("--snapshot-every is for the v1 API (the chief's loop); drop it with --api tf2")
+    if args.snapshot_every and args.placement == "partitioned":
+        raise UsageError("--snapshot-every saves whole variables: use --placement round_robin or greedy")

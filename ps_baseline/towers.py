@@ -17,6 +17,9 @@ from workloads.flags import OneLineParser, add_training_flags, load_training_dat
 from workloads.optimizers import keras_optimizer
 from workloads.outputs import check_outputs, parent_made
 from workloads.sharding import steps_per_epoch
+from workloads.snapshots import Snapshots
+from workloads.straggler import check as check_straggler
+from workloads.straggler import summary_fields
 from workloads.summary import StepTimer, build_summary
 from workloads.tfenv import import_tensorflow_quietly
 
@@ -57,6 +60,7 @@ def main(argv):
     from workloads import models, pipeline  # (these import TF)
     from workloads.evaluation import Evaluation, evaluate
     k = args.towers
+    check_straggler(args.straggler, k, "tower")
     if args.threads:
         # Towers: one pool thread per tower, so the towers compute side by side.
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -82,12 +86,19 @@ def main(argv):
               for i in range(k)]
     train_step = make_train_step(tf, model, optimizer, devices)
     timer, wall_start = StepTimer(args.warmup_steps), time.perf_counter()
-    window_loss = window_count = 0.0
+    snapshots = Snapshots(args.snapshot_dir, args.snapshot_every)
+    window_loss = window_count = seen = 0.0
+    waited = np.zeros(k)  # each tower's --straggler waiting
     epoch = done = None
     for step, parts in zip(range(step + 1, total_steps + 1), zip(*towers)):
         epoch, done = parts[0][0], parts[0][1]
-        loss_sum, samples = train_step([batch for _, _, batch in parts])
+        # --straggler: how many times its compute each tower waits after it, this step
+        extra = tf.constant([args.straggler.extra(i, step) if args.straggler else 0.0 for i in range(k)])
+        loss_sum, samples, tower_waits = train_step([batch for _, _, batch in parts], extra)
         timer.step_done(float(samples))
+        waited, seen = waited + tower_waits.numpy(), seen + float(samples)
+        if snapshots.due(step):
+            snapshots.take(step, seen, lambda: [(v.name, v.numpy()) for v in model.variables])
         window_loss, window_count = window_loss + float(loss_sum), window_count + float(samples)
         if step % args.log_every == 0 or step == total_steps:
             console.progress(step, total_steps, f"epoch {epoch + 1} step {step}/{total_steps} "
@@ -106,6 +117,7 @@ def main(argv):
         "towers", args, dataset, world_size=k, steps=step, epochs=step / per_epoch,
         train_loss=window_loss / window_count if window_count else None, evaluation=evaluation,
         wall_seconds=wall_seconds, reports=[timer.report()], devices=devices, checkpoint=ckpt.latest,
+        **summary_fields(args.straggler, waited.tolist()),
         gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables))
     console.finish(summary, args.summary_json)
     if args.dump_weights:
@@ -115,24 +127,30 @@ def main(argv):
 
 def make_train_step(tf, model, optimizer, devices):
     from workloads import models
+    from workloads.straggler import wait_after
     k = len(devices)
 
     @tf.function
-    def train_step(batches):
-        grads, loss_sums, counts = [], [], []
-        for device, (images, labels, weights, global_count) in zip(devices, batches):
+    def train_step(batches, extra):
+        grads, loss_sums, counts, waits = [], [], [], []
+        for i, (device, (images, labels, weights, global_count)) in enumerate(zip(devices, batches)):
             # Towers: forward and backward of this tower's batch on its own device.
-            with tf.device(device), tf.GradientTape() as tape:
-                loss_sum = tf.reduce_sum(weights * models.per_example_loss(model(images, True), labels))
-                # the global batch's mean per-tower share, as in every other mode
-                loss = loss_sum / (global_count / k)
-            grads.append(tape.gradient(loss, model.trainable_variables))
+            with tf.device(device):
+                started = tf.timestamp()
+                with tf.control_dependencies([started]), tf.GradientTape() as tape:
+                    loss_sum = tf.reduce_sum(weights * models.per_example_loss(model(images, True), labels))
+                    # the global batch's mean per-tower share, as in every other mode
+                    loss = loss_sum / (global_count / k)
+                tower_grads, waited = wait_after(tf, tape.gradient(loss, model.trainable_variables),
+                                                 started, extra[i])  # --straggler
+            grads.append(tower_grads)
             loss_sums.append(loss_sum)
             counts.append(tf.reduce_sum(weights))
+            waits.append(waited)
         # Towers: the mean gradient, on the CPU, applied once.
         with tf.device("/device:CPU:0"):
             mean = [tf.add_n(list(per_var)) / k for per_var in zip(*grads)]
             optimizer.apply_gradients(zip(mean, model.trainable_variables))
-            return tf.add_n(loss_sums), tf.add_n(counts)
+            return tf.add_n(loss_sums), tf.add_n(counts), tf.stack(waits)
 
     return train_step

@@ -23,6 +23,8 @@ from workloads.console import Console
 from workloads.evaluation import Evaluation, evaluate
 from workloads.optimizers import v1_optimizer
 from workloads.sharding import epoch_shard, steps_per_epoch
+from workloads.snapshots import Snapshots
+from workloads.straggler import summary_fields, wait_after
 from workloads.summary import StepTimer, build_summary
 from workloads.tfenv import import_tensorflow_quietly, session_config, set_threads
 
@@ -35,6 +37,8 @@ class Tower:
     feeds: Feeds
     loss_sum: object
     count: object
+    extra: object   # --straggler: this tower's wait after its compute, in multiples of it
+    waited: object  # the seconds it waited
 
 
 @dataclass
@@ -69,13 +73,18 @@ def build_graph(tf, args, cluster_spec, image_shape):
             feeds = Feeds(tf.compat.v1.placeholder(tf.float32, [None, *image_shape], "images"),
                           tf.compat.v1.placeholder(tf.int32, [None], "labels"),
                           tf.compat.v1.placeholder(tf.float32, [None], "weights"), global_count)
-            loss_sum = tf.reduce_sum(feeds.weights * models.per_example_loss(
-                model(feeds.images, training=True), feeds.labels))
+            started = tf.timestamp()
+            with tf.control_dependencies([started]):
+                loss_sum = tf.reduce_sum(feeds.weights * models.per_example_loss(
+                    model(feeds.images, training=True), feeds.labels))
             # Normalised by the global batch's mean per-tower share, as in every other
             # mode, so the towers' mean gradient is the global batch's gradient.
             loss = loss_sum / (global_count / num_workers)
             grads = optimizer.compute_gradients(loss, colocate_gradients_with_ops=True)
-        towers.append(Tower(device, feeds, loss_sum, tf.reduce_sum(feeds.weights)))
+            extra = tf.compat.v1.placeholder_with_default(0.0, [], "straggler_extra")
+            held, waited = wait_after(tf, [g for g, _ in grads], started, extra)
+            grads = list(zip(held, [v for _, v in grads]))
+        towers.append(Tower(device, feeds, loss_sum, tf.reduce_sum(feeds.weights), extra, waited))
         tower_grads.append(grads)
     # PS: the towers' gradients averaged on the client, applied once on the PS tasks.
     with tf.compat.v1.device(f"/job:worker/task:{CLIENT}"):
@@ -129,7 +138,8 @@ def train(args, cluster, dataset):
         raw = lambda fetches, feed=None: session.run_step_fn(
             lambda step_context: step_context.session.run(fetches, feed))
         wall_start = time.perf_counter()
-        timer, loss_sum, loss_count = run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch)
+        timer, loss_sum, loss_count, waited = run_steps(args, session, raw, g, dataset, console, total_steps,
+                                                        per_epoch)
         wall_seconds = time.perf_counter() - wall_start
         step = int(raw(g.global_step))
         evaluation = Evaluation() if g.simulated else evaluate(lambda images, labels: raw(
@@ -142,7 +152,7 @@ def train(args, cluster, dataset):
         placement=args.placement, towers=[t.device for t in g.towers],
         hosts=[address.rsplit(":", 1)[0] for address in cluster.worker],
         checkpoint=tf.train.latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None,
-        ps_bytes=g.ps_bytes, gradient_bytes=sum(g.ps_bytes))
+        ps_bytes=g.ps_bytes, gradient_bytes=sum(g.ps_bytes), **summary_fields(args.straggler, waited))
     console.finish(summary, args.summary_json)
     # PS: training is over; let every serving task exit.
     with tf.compat.v1.Session(server.target, config=config) as sess:
@@ -152,12 +162,14 @@ def train(args, cluster, dataset):
 
 def run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch):
     """The client's loop: every step feeds each tower its own shard's batch.
-    Returns (its StepTimer, the last log window's loss sum and sample count)."""
+    Returns (its StepTimer, the last log window's loss sum and sample count,
+    each tower's seconds of --straggler waiting)."""
     num_towers = len(g.towers)
     step = int(raw(g.global_step))
     if step:
         console.line(f"resuming at step {step}")
     timer, window_loss, window_count = StepTimer(args.warmup_steps), 0.0, 0.0
+    snapshots, seen, waited = Snapshots(args.snapshot_dir, args.snapshot_every), 0.0, [0.0] * num_towers
     shard = functools.lru_cache(maxsize=num_towers)(
         lambda epoch, i: epoch_shard(len(dataset.train_labels), i, num_towers, args.batch_size, args.seed, epoch))
     while step < total_steps and not session.should_stop():
@@ -166,14 +178,20 @@ def run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch):
         for i, tower in enumerate(g.towers):
             # PS: the client feeds every tower: its bandwidth caps in-graph replication.
             feed.update(tower.feeds.train_batch(dataset, shard(epoch, i), batch, args.batch_size))
-        _, loss_sums, counts, step = session.run(
-            [g.train_op, [t.loss_sum for t in g.towers], [t.count for t in g.towers], g.applied_step], feed)
+            if args.straggler:
+                feed[tower.extra] = args.straggler.extra(i, step + 1)
+        _, loss_sums, counts, step, waits = session.run(
+            [g.train_op, [t.loss_sum for t in g.towers], [t.count for t in g.towers], g.applied_step,
+             [t.waited for t in g.towers]], feed)
         step, samples = int(step), float(sum(counts))
         timer.step_done(samples)
+        seen, waited = seen + samples, [w + float(x) for w, x in zip(waited, waits)]
+        if snapshots.due(step):
+            snapshots.take(step, seen, lambda: zip([v.name for v in g.model_variables], raw(g.model_variables)))
         window_loss, window_count = window_loss + float(sum(loss_sums)), window_count + samples
         if step % args.log_every == 0 or step >= total_steps:
             console.progress(step, total_steps, f"epoch {epoch + 1} step {step}/{total_steps} "
                              f"loss {window_loss / max(window_count, 1):.4f}")
             if step < total_steps:
                 window_loss = window_count = 0.0
-    return timer, window_loss, window_count
+    return timer, window_loss, window_count, waited

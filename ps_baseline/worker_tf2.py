@@ -15,6 +15,7 @@ from workloads.console import Console
 from workloads.evaluation import Evaluation, evaluate
 from workloads.optimizers import keras_optimizer
 from workloads.sharding import steps_per_epoch
+from workloads.straggler import summary_fields, wait_after
 from workloads.summary import StepTimer, build_summary
 from workloads.tfenv import import_tensorflow_quietly
 
@@ -62,8 +63,8 @@ def train(args, cluster, dataset):
     if state.manager and state.manager.latest_checkpoint:
         state.checkpoint.restore(state.manager.latest_checkpoint)
         console.line(f"restored {state.manager.latest_checkpoint} at global step {state.steps()}")
-    iterator = iter(coordinator.create_per_worker_dataset(strategy.distribute_datasets_from_function(
-        per_worker_dataset(args, dataset, num_workers, per_epoch, total_steps))))
+    iterator = per_worker_iterators(tf, coordinator, per_worker_dataset(args, dataset, num_workers, per_epoch,
+                                                                        total_steps))
     worker_step = make_worker_step(tf, strategy, state, num_workers)
 
     done = state.steps()
@@ -72,13 +73,14 @@ def train(args, cluster, dataset):
     # The coordinator sees only whole windows, so it times the cluster as one:
     # the first window (tracing) is warm-up, every later one is measured.
     timer, wall_start = StepTimer(warmup_steps=1, window_steps=1), time.perf_counter()
-    loss_sum = loss_count = 0.0
+    loss_sum = loss_count = waited = 0.0
     while done < total_updates:
         window = min(args.log_every * num_workers, total_updates - done)
         results = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(window)]
         coordinator.join()
         values = [r.fetch() for r in results]
         loss_sum, loss_count = sum(float(v[0]) for v in values), sum(float(v[1]) for v in values)
+        waited += sum(float(v[2]) for v in values)
         timer.step_done(loss_count)
         done += window
         console.progress(done, total_updates, f"global step {state.steps()}/{total_updates} "
@@ -99,6 +101,7 @@ def train(args, cluster, dataset):
         num_ps=num_ps, reporting_workers=[-1],
         hosts=[address.rpartition(":")[0] for address in cluster.worker], checkpoint=saved, api="tf2",
         placement=args.placement, throughput_measured_at="coordinator (all workers as one)",
+        **summary_fields(args.straggler, [waited]),
         **reports.staleness_fields([reports.WorkerReport(-1, steps, {}, staleness=[stale_sum, steps, stale_max])]))
     console.finish(summary, args.summary_json)
     return 0
@@ -126,16 +129,43 @@ class TrainingState:
         return int(self.global_step.numpy())
 
 
+def per_worker_iterators(tf, coordinator, make_dataset):
+    """An iterator on each worker over its own dataset, make_dataset(worker).
+
+    TF's own way, create_per_worker_dataset, traces one dataset function for
+    every worker, and ParameterServerStrategy gives each the same
+    InputContext (input_pipeline_id 0): the workers would all read the same
+    shard. So each worker gets its own traced function here, through the
+    coordinator's per-worker resources (private API, as of TF 2.21)."""
+    from tensorflow.python.distribute import input_lib
+    from tensorflow.python.distribute.coordinator import values
+
+    iterators = []
+    for worker in coordinator._cluster.workers:  # in task order
+        make = tf.function(lambda i=worker.worker_index: make_dataset(i)).get_concrete_function()
+        remote = worker.create_resource(tf.function(lambda make=make: iter(make())))
+        remote._type_spec = input_lib.get_iterator_spec_from_dataset(coordinator.strategy, make.structured_outputs)
+        iterators.append(remote)
+    return values.PerWorkerDistributedIterator(tuple(iterators))
+
+
 def per_worker_dataset(args, dataset, num_workers, per_epoch, total_steps):
-    def make(context):
+    def make(rank):
+        import tensorflow as tf
         # PS: each worker reads its own shard, epoch after epoch.
-        rank = context.input_pipeline_id if context else 0
         epochs = [pipeline.train_batches(dataset, rank, num_workers, args.batch_size, args.seed, e)
                   for e in range(-(-total_steps // per_epoch))]
         combined = epochs[0]
         for more in epochs[1:]:
             combined = combined.concatenate(more)
-        return combined.repeat()
+        # --straggler: this worker's wait after each of its steps, in multiples of its compute
+        spec = args.straggler
+        if spec is not None and rank == spec.rank:
+            extra = tf.data.Dataset.counter(1).map(
+                lambda step: tf.where(step % spec.every == 0, spec.factor - 1.0, 0.0))
+        else:
+            extra = tf.data.Dataset.from_tensors(0.0).repeat()
+        return tf.data.Dataset.zip((combined.repeat(), extra))
     return make
 
 
@@ -144,18 +174,21 @@ def make_worker_step(tf, strategy, state, num_workers):
 
     @tf.function
     def worker_step(iterator):
-        def step(images, labels, weights, global_count):
+        def step(batch, extra):
+            images, labels, weights, global_count = batch
             read_step = global_step.read_value()
-            with tf.control_dependencies([read_step]):  # weights are read after the step count
+            started = tf.timestamp()
+            with tf.control_dependencies([read_step, started]):  # weights are read after the step count
                 with tf.GradientTape() as tape:
                     loss_sum = tf.reduce_sum(weights * models.per_example_loss(model(images, True), labels))
                     loss = loss_sum / (global_count / num_workers)
             grads = tape.gradient(loss, model.trainable_variables)
+            grads, waited = wait_after(tf, grads, started, extra)  # --straggler, on the straggler only
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             stale = global_step.assign_add(1) - read_step - 1
             state.stale_sum.assign_add(stale)
             state.stale_max.assign(tf.maximum(state.stale_max, stale))
-            return loss_sum, tf.reduce_sum(weights)
+            return loss_sum, tf.reduce_sum(weights), waited
         # PS: runs on whichever worker the coordinator picks; variables live on the PS tasks.
         return strategy.run(step, args=next(iterator))
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from multihost.net import wait_for
-from ps_baseline import placement, reports, servers
+from ps_baseline import heartbeats, placement, reports, servers
 from ps_baseline.options import PROG
 from workloads import models
 from workloads.console import Console
@@ -23,6 +23,8 @@ from workloads.evaluation import Evaluation, evaluate
 from workloads.optimizers import v1_optimizer
 from workloads.pipeline import as_float
 from workloads.sharding import epoch_shard, steps_per_epoch
+from workloads.snapshots import Snapshots
+from workloads.straggler import Slowdown, summary_fields
 from workloads.summary import StepTimer, build_summary
 from workloads.tfenv import import_tensorflow_quietly, session_config, set_threads
 
@@ -55,6 +57,7 @@ class TrainOps:
     global_step: object
     worker_steps: list     # every worker's own step count, on the PS
     optimizer: object
+    pending: object = None  # sync: gradients in the accumulator, not yet applied
 
 
 @dataclass
@@ -67,6 +70,7 @@ class Coordination:
     shutdown_ps: list
     release_workers: object = None  # sync: tokens that free workers still waiting
     uninitialized: object = None    # non-chief: how many shared variables are not initialised yet
+    heartbeats: object = None       # --stall-timeout: every worker's heartbeat on PS task 0
 
 
 @dataclass
@@ -128,6 +132,9 @@ def build_train_ops(tf, args, model, feeds, num_workers):
             optimizer, replicas_to_aggregate=args.replicas_to_aggregate or num_workers,
             total_num_replicas=num_workers)
     train_op = optimizer.minimize(loss, global_step=global_step)
+    # Sync: an update takes the accumulated gradients; one computed against an
+    # older global step is dropped as stale. The accumulators count alike.
+    pending = optimizer._accumulator_list[0][0].num_accumulated() if args.sync else None
     with tf.control_dependencies([train_op]):
         applied_step = tf.identity(global_step.read_value())
 
@@ -144,7 +151,7 @@ def build_train_ops(tf, args, model, feeds, num_workers):
     with tf.control_dependencies([train_op]), tf.compat.v1.colocate_with(my_steps):
         count_my_step = my_steps.assign_add(1)
     return TrainOps(train_op, loss_sum, count, read_step, applied_step, count_my_step,
-                    global_step, worker_steps, optimizer)
+                    global_step, worker_steps, optimizer, pending)
 
 
 def build_coordination(tf, args, num_workers, num_ps, optimizer):
@@ -162,7 +169,8 @@ def build_coordination(tf, args, num_workers, num_ps, optimizer):
             read_reports=[v.read_value() for v in report_vars],
             shutdown_ps=[servers.shutdown_queue(tf, "ps", i).enqueue(1) for i in range(num_ps)],
             # PS: after the last update, tokens that free any worker still waiting for one.
-            release_workers=optimizer.get_init_tokens_op(num_tokens=num_workers) if args.sync else None)
+            release_workers=optimizer.get_init_tokens_op(num_tokens=num_workers) if args.sync else None,
+            heartbeats=heartbeats.build(tf, num_workers, args.task_index, BOOKKEEPING))
 
 
 def train(args, cluster, dataset):
@@ -202,27 +210,43 @@ def train(args, cluster, dataset):
     watchdog = servers.Watchdog(PROG, peers, "Restart the cluster (same --checkpoint-dir) "
                                 "to resume from the last checkpoint.")
     watchdog.start()
+    # A frozen task (which still accepts connections) is named after --stall-timeout.
+    stall = heartbeats.StallWatch(
+        tf, tf.compat.v1.Session(server.target, graph=g.train.global_step.graph, config=config),
+        g.coordination.heartbeats, task, cluster, args.stall_timeout,
+        waits_for_all=args.sync and (args.replicas_to_aggregate or num_workers) == num_workers,
+        log=console.line, prog=PROG)
+    if args.stall_timeout:
+        stall.start()
     with session:
         raw = lambda fetches, feed=None: session.run_step_fn(
             lambda step_context: step_context.session.run(fetches, feed))
         if is_chief:
-            raw(g.coordination.reset_reports)
+            raw([g.coordination.reset_reports, g.coordination.heartbeats.reset])
         wall_start = time.perf_counter()
-        report = run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch, num_workers)
+        snapshots = Snapshots(args.snapshot_dir if is_chief else None, args.snapshot_every)
+        report = run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch, num_workers,
+                           snapshots)
         raw(g.coordination.write_report, {g.coordination.report_text: report.to_json()})
         if not is_chief:
+            stall.finish()
             watchdog.stop()
             console.line(f"done after {report.local_steps} steps")
             return 0
         worker_reports = gather_reports(raw, g, args.sync, args.report_timeout, console)
+        stall.finish()
         wall_seconds = time.perf_counter() - wall_start
         global_step = raw(g.train.global_step)
+        gradients = gradient_counts(raw, g, args, global_step) if args.sync else {}
         evaluation = Evaluation() if g.simulated else evaluate(lambda images, labels: raw(
             g.test_metrics, {g.feeds.images: images, g.feeds.labels: labels}), dataset)
 
     watchdog.stop()
     samples_per_update = (args.replicas_to_aggregate or num_workers) if args.sync else 1
     mode = "ps-sync" if args.sync else "ps-async"
+    chief_timer = next(r.timer for r in worker_reports if r.task_index == 0)
+    updates_per_sec = (chief_timer["updates_timed"] / chief_timer["seconds"]
+                       if chief_timer.get("updates_timed") is not None and chief_timer["seconds"] > 0 else None)
     loss_count = sum(r.loss_count for r in worker_reports)
     summary = build_summary(
         mode, args, dataset, world_size=num_workers, steps=global_step,
@@ -233,6 +257,12 @@ def train(args, cluster, dataset):
         hosts=[r.timer["host"] for r in sorted(worker_reports, key=lambda r: r.task_index)],
         checkpoint=tf.train.latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None,
         api="v1", placement=args.placement, ps_bytes=g.ps_bytes, gradient_bytes=sum(g.ps_bytes),
+        replicas_to_aggregate=samples_per_update if args.sync else None,
+        # what the updates applied: K batches each (sync), one (async); dropped gradients excluded
+        updates_per_sec=updates_per_sec,
+        applied_images_per_sec=updates_per_sec * samples_per_update * args.batch_size
+        if updates_per_sec is not None else None, **gradients,
+        **summary_fields(args.straggler, [r.straggler_wait_sec for r in worker_reports]),
         **(reports.staleness_fields(worker_reports) if mode == "ps-async" else {}))
     console.finish(summary, args.summary_json)
     # PS: training is over; let the PS tasks exit instead of joining forever.
@@ -261,13 +291,16 @@ def open_session(tf, args, server, config, is_chief, cluster, sync_optimizer=Non
                          f"variables within {args.startup_timeout:g}s (--startup-timeout): start it") from None
 
 
-def run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch, num_workers):
+def run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch, num_workers, snapshots):
     """This worker's share of training; returns its report."""
     task, ops = args.task_index, g.train
     local_step, global_step = raw([ops.worker_steps[task], ops.global_step])
     if local_step:
         console.line(f"resuming at my step {local_step}, global step {global_step}")
     timer, staleness = StepTimer(args.warmup_steps), reports.Staleness()
+    slowdown = Slowdown(args.straggler, task)
+    samples_per_update = (args.replicas_to_aggregate or num_workers) * args.batch_size if args.sync \
+        else args.batch_size
     window_loss = window_count = 0.0
 
     def finished():
@@ -280,10 +313,16 @@ def run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch, n
     while not finished() and not session.should_stop():
         epoch, batch = divmod(local_step, per_epoch)
         feed = g.feeds.train_batch(dataset, shard_of_epoch(epoch), batch, args.batch_size)
-        _, loss_sum, count, read_step, global_step, local_step = session.run(
-            [ops.train_op, ops.loss_sum, ops.count, ops.read_step, ops.applied_step, ops.count_my_step], feed)
-        timer.step_done(float(count))
+        with slowdown.step(local_step + 1):  # --straggler: that worker waits after its compute
+            _, loss_sum, count, read_step, global_step, local_step = session.run(
+                [ops.train_op, ops.loss_sum, ops.count, ops.read_step, ops.applied_step, ops.count_my_step],
+                feed)
+        timer.step_done(float(count), update=int(global_step))
         staleness.add(read_step, global_step)
+        if snapshots.due(local_step):
+            # PS: the chief reads the weights from the PS tasks; samples seen are those the updates applied.
+            snapshots.take(local_step, global_step * samples_per_update, lambda: zip(
+                [v.name for v in g.model_variables], raw(g.model_variables)), global_step=int(global_step))
         window_loss, window_count = window_loss + loss_sum, window_count + count
         if local_step % args.log_every == 0 or finished():
             console.progress(local_step, total_steps, f"epoch {epoch + 1} step {local_step}/{total_steps} "
@@ -291,7 +330,18 @@ def run_steps(args, session, raw, g, dataset, console, total_steps, per_epoch, n
             if not finished():
                 window_loss = window_count = 0.0
     return reports.WorkerReport(task, int(local_step), timer.report(), float(window_loss),
-                                float(window_count), staleness.as_list())
+                                float(window_count), staleness.as_list(), staleness.histogram, slowdown.waited)
+
+
+def gradient_counts(raw, g, args, global_step):
+    """Sync: gradients pushed (every worker's steps), applied (K per update, and
+    those still waiting in the accumulator), and dropped as stale: the rest. A
+    take that found more than K waiting applies them all, so `dropped` is an
+    upper bound; with K = every worker it is 0 up to that race."""
+    pushed, pending = sum(raw(g.train.worker_steps)), int(raw(g.train.pending))
+    k = args.replicas_to_aggregate or len(g.train.worker_steps)
+    return {"gradients_pushed": int(pushed), "gradients_pending": pending,
+            "gradients_dropped": max(int(pushed) - k * int(global_step) - pending, 0)}
 
 
 def gather_reports(raw, g, sync, timeout, console):

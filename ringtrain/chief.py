@@ -2,6 +2,7 @@
 checkpoints. On every other rank each call does nothing, so the training loop
 calls them unconditionally and stays linear."""
 from workloads import checkpoints
+from workloads.snapshots import Snapshots
 from workloads.console import Console
 
 
@@ -12,6 +13,9 @@ class Chief:
         self.console = Console(enabled=is_chief)
         self.ckpt = checkpoints.Checkpoints(args.checkpoint_dir, model, optimizer, keep=args.keep_checkpoints)
         self.writer = tf.summary.create_file_writer(args.log_dir) if is_chief and args.log_dir else None
+        self.model = model
+        self.snapshots = Snapshots(args.snapshot_dir if is_chief else None, args.snapshot_every)
+        self.samples_seen = 0.0
 
     def restore(self):
         """Rank 0's progress from --resume (others get it by broadcast)."""
@@ -30,6 +34,13 @@ class Chief:
         if self.is_chief and self.args.checkpoint_dir and (final or step % self.args.checkpoint_every == 0):
             self.ckpt.save(checkpoints.Progress.at(step, epoch, done_in_epoch, self.per_epoch,
                                                    self.size, self.args.batch_size))
+
+    def snapshot(self, step, global_samples):
+        """--snapshot-every: the weights, for evaluating afterwards (every rank holds the same)."""
+        self.samples_seen += float(global_samples)
+        if self.snapshots.due(step):
+            self.snapshots.take(step, self.samples_seen,
+                                lambda: [(v.name, v.numpy()) for v in self.model.variables])
 
     def test_scalars(self, step, evaluation):
         if evaluation.samples:  # (a simulated model is not evaluated)

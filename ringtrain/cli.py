@@ -53,6 +53,10 @@ def parser():
     r.add_argument("--on-nan", choices=("stop", "skip"), default="stop",
                    help="a non-finite loss or gradient: stop at once with the step, the rank and the "
                         "last good checkpoint (default), or skip that update and go on")
+    r.add_argument("--stall-timeout", type=flags.non_negative_float, default=120.0, metavar="S",
+                   help="no step on any rank for S seconds ends the job, naming the rank that stopped "
+                        "(an out-of-band watchdog: Horovod's own waits with the frozen collective); "
+                        "0 disables (default %(default)g)")
     r.add_argument("--no-allreduce", action="store_true",
                    help="measurement only: skip the gradient allreduce, so ranks diverge "
                         "(Horovod's background thread still coordinates every cycle)")

@@ -104,16 +104,29 @@ def hardware(report, tf):
     report.line("gpus", f"{len(gpus)}" + (f" ({', '.join(g.name for g in gpus)})" if gpus else ""))
 
 
+def open_doors(report):
+    """Where the servers of ringtrain's modes would be reachable from (README: Security)."""
+    from multihost.private_net import available
+    ok, why_not = available()
+    report.line("ps-baseline launch", "its TF gRPC servers (unauthenticated) run in a private network namespace "
+                "with loopback only" if ok else f"WARNING: its TF gRPC servers (unauthenticated) listen on every "
+                f"interface of this machine ({why_not}): firewall their ports")
+    report.line("horovodrun", "its rendezvous server listens on every interface (0.0.0.0), unauthenticated, "
+                "while a job starts; ring rank 0's stall watchdog listens on loopback (one host) or the "
+                "cluster's interface, token-checked")
+
+
 def main(argv=None):
     if argv and argv[0] in ("-h", "--help"):
         print("usage: ringtrain doctor\n\nPrint versions, Horovod's build, whether mpirun can "
-              "start 2 ranks, cores and GPUs.\nExits non-zero when ring mode cannot run.")
+              "start 2 ranks, cores and GPUs, and where servers would listen.\nExits non-zero when ring mode cannot run.")
         return 0
     report = Report()
     tf, hvd = versions(report)
     horovod_build(report, hvd)
     mpirun_two_ranks(report)
     hardware(report, tf)
+    open_doors(report)
     for what, fix in report.problems:
         print(f"PROBLEM: {what} -> fix: {fix}")
     print("ring mode: " + ("ready" if not report.problems else "CANNOT RUN"))

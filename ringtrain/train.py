@@ -10,6 +10,7 @@ import numpy as np
 
 from ringtrain import knobs
 from ringtrain.chief import Chief
+from ringtrain.stall import StallWatchdog
 from workloads import models, pipeline
 from workloads.errors import TrainingStopped
 from workloads.evaluation import Evaluation, evaluate
@@ -17,6 +18,8 @@ from workloads.horovod_env import allreduce_algorithm_in_effect, horovod_loop_in
 from workloads.optimizers import keras_optimizer
 from workloads.outputs import parent_made
 from workloads.sharding import steps_per_epoch
+from workloads.straggler import Slowdown, summary_fields
+from workloads.straggler import check as check_straggler
 from workloads.summary import StepTimer, build_summary
 from workloads.tfenv import set_threads
 
@@ -27,6 +30,7 @@ def train(args, dataset):
 
     # Horovod: initialise; rank, size and local rank come from whoever launched us.
     hvd.init()
+    check_straggler(args.straggler, hvd.size())
     set_threads(args.threads)
     # Horovod: pin each rank to one GPU by local rank, where there are GPUs.
     pin_gpu(hvd.local_rank())
@@ -45,6 +49,8 @@ def train(args, dataset):
     progress = hvd.broadcast_object(chief.restore(), root_rank=0)
     hvd.broadcast_variables(list(model.variables) + list(optimizer.variables), root_rank=0)
 
+    # Out-of-band: a frozen rank is named and the job ended, not waited on forever.
+    watchdog = StallWatchdog(hvd, args.stall_timeout)
     step, skip = progress.step, progress.batches_done(hvd.size(), args.batch_size)
     total_steps = args.steps or progress.step + (args.epochs - progress.epoch) * per_epoch - skip
     chief.console.begin(f"ringtrain: {args.model} on {dataset.source} ({len(dataset.train_labels)} train, "
@@ -53,25 +59,34 @@ def train(args, dataset):
     # Horovod: each rank reads its own disjoint shard of every epoch.
     batches = pipeline.batches_from(dataset, hvd.rank(), hvd.size(), args.batch_size, args.seed,
                                     progress.epoch, skip, args.threads)
+    if watchdog.describe():
+        chief.console.line(watchdog.describe())
+    watchdog.start()
     timer, losses, wall_start = StepTimer(args.warmup_steps), LossWindow(), time.perf_counter()
+    slowdown = Slowdown(args.straggler, hvd.rank())
+    chief.snapshots.start_clock()
     epoch = done_in_epoch = None
     skipped = 0
     for step, (epoch, done_in_epoch, batch) in zip(range(step + 1, total_steps + 1), batches):
         optimizer.learning_rate.assign(lr_at(step - 1))
-        loss_sum, samples, finite = train_step(*batch)
+        with slowdown.step(step):  # --straggler: that rank waits after its compute
+            loss_sum, samples, finite = train_step(*batch)
         if not finite:
             skipped += non_finite_step(args, hvd, chief, step, loss_sum)
         timer.step_done(float(samples))
+        watchdog.step_done(step)
         losses.add(loss_sum, samples)
         if step % args.log_every == 0 or step == total_steps:
             # Horovod: the logged loss is the mean over every rank's samples.
             chief.log_step(step, total_steps, epoch, *losses.global_mean(hvd), lr_at(step - 1))
         chief.checkpoint(step, epoch, done_in_epoch)
+        chief.snapshot(step, global_samples=batch[3])
     wall_seconds = time.perf_counter() - wall_start
+    watchdog.stop()
 
     evaluation = Evaluation() if models.is_simulated(model) else global_evaluation(hvd, model, dataset)
     # Horovod: every rank's own timing; the global rate is measured, never rank 0 x N.
-    reports = hvd.allgather_object(timer.report())
+    reports = hvd.allgather_object(dict(timer.report(), straggler_wait_sec=slowdown.waited))
     if epoch is not None:
         chief.checkpoint(step, epoch, done_in_epoch, final=True)
     chief.test_scalars(step, evaluation)
@@ -81,7 +96,7 @@ def train(args, dataset):
         train_loss=losses.last, evaluation=evaluation, wall_seconds=wall_seconds, reports=reports,
         controller=controller, hosts=[r["host"] for r in reports], checkpoint=chief.ckpt.latest,
         allreduce_algorithm=allreduce_algorithm_in_effect(controller), horovod_loop=horovod_loop_in_effect(),
-        skipped_steps=skipped,
+        skipped_steps=skipped, **summary_fields(args.straggler, [r["straggler_wait_sec"] for r in reports]),
         gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables))
     chief.console.finish(summary, args.summary_json)
     if args.dump_weights:

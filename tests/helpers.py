@@ -42,6 +42,14 @@ def run_ok(cmd, timeout=300, **kw):
     return done.stdout
 
 
+def run_bench(args, timeout):
+    """`ringtrain-bench ARGS` to a zero exit; its stdout."""
+    from bench.launch import child_env
+    done = run(BENCH + args, timeout=timeout, env=child_env())
+    assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
 def assert_one_line_error(cmd, expected, within=10, code=None, **kw):
     """Bad input: a non-zero exit (`code` if given) within `within` seconds,
     and stderr is one line that contains `expected`; no traceback."""
@@ -148,6 +156,7 @@ def assert_checkpoint_is_one_process_on_the_global_batch(checkpoint_dir, steps, 
 # --- PS tasks, one process each, as the seeds start them --------------------------
 
 PS_BASELINE = [sys.executable, "-m", "ps_baseline"]
+BENCH = [sys.executable, "-m", "bench"]
 TINY = ["--model", "mnist_mlp", "--batch-size", "16", "--log-every", "5", *ONE_THREAD]
 
 

@@ -2,16 +2,14 @@
 tiny end-to-end runs through the real launchers."""
 import json
 import os
-import sys
 
 import pytest
 
 from bench import scaling_report, stats, tables
 from bench.launch import child_env
 from bench.scaling_rows import build
-from helpers import assert_one_line_error, run
+from helpers import BENCH, assert_one_line_error, run_bench
 
-BENCH = [sys.executable, "-m", "bench"]
 
 
 def summary(mode, n, per_worker_rate, step_sec, num_ps=None, total=None):
@@ -244,21 +242,15 @@ def test_scaling_writes_table_csv_json_and_plots_with_every_column(tmp_path):
 
 
 def test_every_column_header_is_defined_in_columns_md():
-    from bench import allreduce
+    from bench import allreduce, convergence, straggler
     doc = open(os.path.join(os.path.dirname(scaling_report.__file__), "COLUMNS.md")).read()
-    for _, header in scaling_report.COLUMNS + allreduce.COLUMNS:
+    for _, header in scaling_report.COLUMNS + allreduce.COLUMNS + straggler.COLUMNS + convergence.COLUMNS:
         assert f"| {header} |" in doc, header
 
 
 def test_bad_mode_fails_with_one_line_naming_it():
     assert_one_line_error(BENCH + ["scaling", "--modes", "ring,allgather", "--out", "/tmp/unused"],
                           "allgather", code=2, env=child_env())
-
-
-def run_bench(args, timeout):
-    done = run(BENCH + args, timeout=timeout, env=child_env())
-    assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
-    return done.stdout
 
 
 @pytest.mark.slow

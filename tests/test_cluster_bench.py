@@ -2,16 +2,14 @@
 every column, and the bytes each host's interface sent match theory."""
 import json
 import os
-import sys
 
 import pytest
 
 from bench.launch import child_env
 from bench.scaling_report import COLUMNS, CSV_KEYS
-from helpers import BIN, run
+from helpers import BENCH, BIN, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-BENCH = [sys.executable, "-m", "bench"]
 TINY = ["--np", "1,2", "--model", "mnist_mlp", "--steps", "8", "--warmup-steps", "2", "--batch-size", "32",
         "--optimizer", "sgd", "--timeout", "240"]
 

@@ -1,14 +1,12 @@
 """A bad hostfile, or bad flags for where to run, given to a launcher or the
 bench, is one line naming the problem within 10 s, before anything starts on
 any host."""
-import sys
 
 import pytest
 
 from bench.launch import child_env
-from helpers import PS_BASELINE, TINY, assert_one_line_error
+from helpers import BENCH, PS_BASELINE, TINY, assert_one_line_error
 
-BENCH = [sys.executable, "-m", "bench"]
 
 pytestmark = pytest.mark.timeout(60)
 

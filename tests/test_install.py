@@ -13,6 +13,10 @@ def test_doctor_finds_tensorflow_mpi_and_gloo():
     assert "horovod controllers    MPI, Gloo" in out
     assert "tensorflow             2." in out
     assert "mpirun -np 2           ok" in out
+    # where servers would listen: root here, so launch's tasks get a private namespace
+    expected = "private network namespace with loopback only" if os.geteuid() == 0 else "WARNING"
+    assert expected in next(line for line in out.splitlines() if line.startswith("ps-baseline launch"))
+    assert "rendezvous server listens on every interface" in out
     assert out.strip().endswith("ring mode: ready")
 
 

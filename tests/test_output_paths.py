@@ -4,14 +4,12 @@ run fails in one line within seconds, before any training. A missing folder
 for a summary or weights file is made."""
 import os
 import subprocess
-import sys
 
 import pytest
 
-from helpers import ONE_THREAD, PS_BASELINE, assert_one_line_error, last_json, run_ok
+from helpers import BENCH, ONE_THREAD, PS_BASELINE, assert_one_line_error, last_json, run_ok
 
 pytestmark = pytest.mark.timeout(120)
-BENCH = [sys.executable, "-m", "bench"]
 
 
 @pytest.fixture

@@ -80,8 +80,11 @@ def test_staleness_counts_other_updates_between_read_and_apply():
     s.add(read_step=10, applied_step=11)  # only our own update: fresh
     s.add(read_step=11, applied_step=14)  # two others landed in between
     assert s.as_list() == [2, 2, 2]
-    reports = [WorkerReport(0, 2, {}, staleness=s.as_list()), WorkerReport(1, 2, {}, staleness=[0, 2, 0])]
-    assert staleness_fields(reports) == {"staleness_mean": 0.5, "staleness_max": 2}
+    assert s.histogram == {"0": 1, "2": 1}
+    reports = [WorkerReport(0, 2, {}, staleness=s.as_list(), staleness_histogram=s.histogram),
+               WorkerReport(1, 2, {}, staleness=[0, 2, 0], staleness_histogram={"0": 2})]
+    assert staleness_fields(reports) == {"staleness_mean": 0.5, "staleness_max": 2, "staleness_p50": 0,
+                                         "staleness_p99": 2, "staleness_histogram": {"0": 3, "2": 1}}
 
 
 def test_every_mode_builds_the_same_summary_with_its_own_fields_added():

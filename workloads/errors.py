@@ -28,10 +28,14 @@ def run_cli(prog, main, argv=None):
     except UsageError as e:
         if launched_rank() in (None, 0):  # every rank sees the same bad input: rank 0 says it
             sys.stderr.write(f"{prog}: error: {e}\n")
+        else:
+            _let_rank_0_speak()
         return 2
     except TrainingStopped as e:
         if not e.quiet:
             sys.stderr.write(f"{prog}: error: {e}\n")
+        else:
+            _let_rank_0_speak()
         return 3
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
@@ -45,3 +49,10 @@ def launched_rank():
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return None
+
+
+def _let_rank_0_speak(seconds=2.0):
+    """A quiet rank's exit makes the launcher end the others: wait a moment,
+    so that rank 0, which says the same thing, is not ended before it has."""
+    import time
+    time.sleep(seconds)

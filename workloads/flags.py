@@ -4,7 +4,7 @@ import argparse
 import math
 import sys
 
-from workloads import data
+from workloads import data, straggler
 from workloads.catalog import MODEL_SPECS, check_compatible
 from workloads.data import DATASETS
 from workloads.errors import UsageError
@@ -93,12 +93,28 @@ def add_training_flags(parser, summary_json=True):
     if summary_json:
         g.add_argument("--summary-json", metavar="FILE",
                        help="also write the final JSON summary to FILE")
+    m = parser.add_argument_group("measurement (every mode)")
+    m.add_argument("--straggler", type=straggler.parse, metavar="RANK:FACTOR[:EVERY]",
+                   help="make one worker (ring rank, PS worker task, tower) slow, as if its host were: "
+                        "each of its steps takes FACTOR times its compute time, by waiting after the "
+                        "compute; with EVERY, only every EVERY-th of its steps (e.g. 1:3 or 1:5:20)")
+    m.add_argument("--snapshot-every", type=positive_int, metavar="K",
+                   help="with --snapshot-dir: the chief saves the weights every K steps, with the training "
+                        "seconds and samples seen, for evaluating afterwards (ringtrain-bench convergence)")
+    m.add_argument("--snapshot-dir", metavar="DIR", help="where --snapshot-every writes")
     return parser
+
+
+def check_measurement_flags(args):
+    """One line for half of the snapshot pair."""
+    if bool(args.snapshot_every) != bool(args.snapshot_dir):
+        raise UsageError("--snapshot-every K and --snapshot-dir DIR go together: give both")
 
 
 def load_training_data(args):
     """The dataset the flags name (default: the model's own), checked against
     the model. Numpy only: bad input fails before TensorFlow is imported."""
+    check_measurement_flags(args)
     if args.dataset is None:
         args.dataset = MODEL_SPECS[args.model].default_dataset
     dataset = data.load(args.dataset, args.data_dir, MODEL_SPECS[args.model].image_shape, args.seed)

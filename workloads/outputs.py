@@ -6,7 +6,7 @@ import os
 from workloads.errors import UsageError
 
 # args attributes that name output directories, and output files
-DIRS = ("checkpoint_dir", "log_dir", "out")
+DIRS = ("checkpoint_dir", "log_dir", "out", "snapshot_dir")
 FILES = ("summary_json", "dump_weights", "timeline")
 
 

@@ -23,13 +23,18 @@ FORWARD_SHARE = 1 / 3  # backward takes about twice the forward pass
 
 
 def wait(x, seconds):
-    """x, after `seconds`, without using the CPU: a one-element tf.data
-    SleepDataset (take(1): it would sleep again for the end of sequence)."""
-    if seconds <= 0:
-        return x
+    """x, after `seconds` (a number, or a tensor computed in the graph),
+    without using the CPU: a one-element tf.data SleepDataset (take(1): it
+    would sleep again for the end of sequence)."""
+    if isinstance(seconds, (int, float)):
+        if seconds <= 0:
+            return x
+        micros = tf.constant(int(seconds * 1e6), tf.int64)
+    else:
+        micros = tf.cast(tf.maximum(seconds, 0) * 1e6, tf.int64)
     dataset = tf.data.Dataset.from_tensors(x)
     slept = tf.raw_ops.SleepDataset(input_dataset=tf.data.experimental.to_variant(dataset),
-                                    sleep_microseconds=tf.constant(int(seconds * 1e6), tf.int64),
+                                    sleep_microseconds=micros,
                                     output_types=[x.dtype], output_shapes=[x.shape])
     return tf.data.experimental.from_variant(slept, dataset.element_spec).take(1).get_single_element()
 

@@ -50,21 +50,30 @@ class StepTimer:
         self.samples = 0.0
         self.seconds = 0.0
         self.windows = []  # images/sec of each complete window
+        self.step_seconds = []  # each timed step, end to end: its distribution
+        self._last_step_end = time.perf_counter()
+        self._updates = [None, None]  # the update counter at the start and the end of the timed steps
         self._window_start = self._window_samples = self._window_steps = None
         # wall-clock [start, end, samples] of each window: comparable across processes
         self.window_spans_unix = []
         self._last_step_end_unix = time.time()
         if warmup_steps == 0:
-            self._start_window(time.perf_counter())
+            self._start_window(self._last_step_end)
 
-    def step_done(self, samples):
-        now = self._last_step_end = time.perf_counter()
+    def step_done(self, samples, update=None):
+        """`update`: where the job's update counter (a PS global step) stood
+        after this step, for the rate of updates over the timed steps."""
+        now = time.perf_counter()
+        previous, self._last_step_end = self._last_step_end, now
         self._last_step_end_unix = time.time()
         self.steps += 1
         if self.steps <= self.warmup_steps:
             if self.steps == self.warmup_steps:
                 self._start_window(now)
+                self._updates = [update, update]
             return
+        self.step_seconds.append(now - previous)
+        self._updates[1] = update
         self._window_samples += samples
         self._window_steps += 1
         self._net_end = interface_bytes()
@@ -103,7 +112,17 @@ class StepTimer:
                 "step_time_sec": self.seconds / timed_steps if timed_steps > 0 else 0.0,
                 "window_spans_unix": self.window_spans_unix, "host": socket.gethostname(),
                 "timed_steps": max(timed_steps, 0), "net_rx_bytes": net[0], "net_tx_bytes": net[1],
-                "cpu_pct_of_core": cpu}
+                "cpu_pct_of_core": cpu, "step_time_p50_sec": _percentile(self.step_seconds, 50),
+                "step_time_p99_sec": _percentile(self.step_seconds, 99),
+                "updates_timed": (self._updates[1] - self._updates[0]
+                                  if None not in self._updates else None)}
+
+
+def _percentile(values, q):
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]  # nearest rank
 
 
 def _cpu_reading():
@@ -128,6 +147,9 @@ def measured_throughput(reports):
                      "rx_bytes": r.get("net_rx_bytes"), "tx_bytes": r.get("net_tx_bytes")} for r in reports],
         # each worker's CPU during its full timed windows, as % of one core
         "cpu_pct_of_core": [r.get("cpu_pct_of_core") for r in reports],
+        # each worker's distribution of timed step times (a straggler's peers wait in theirs)
+        "step_time_p50_sec": [r.get("step_time_p50_sec") for r in reports],
+        "step_time_p99_sec": [r.get("step_time_p99_sec") for r in reports],
     }
 
 
@@ -161,8 +183,9 @@ def strict(value):
 
 
 def dumps(value, **kw):
-    """json.dumps, strict: NaN and infinities become null."""
-    return json.dumps(strict(value), allow_nan=False, **kw)
+    """json.dumps, strict: NaN and infinities become null; a parsed flag value
+    (e.g. --straggler's) is written as its text."""
+    return json.dumps(strict(value), allow_nan=False, default=str, **kw)
 
 
 def emit(summary, path=None, stream=None):

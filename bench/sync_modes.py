@@ -1,0 +1,55 @@
+"""The four ways to train that `ringtrain-bench straggler` and `convergence`
+set side by side, as the seeds weigh sync against async:
+
+- ring: Horovod's ring-allreduce, synchronous;
+- ps-sync: SyncReplicasOptimizer with K = W (every worker, every update);
+- ps-sync-backup: W + 1 workers, K = W: one backup worker, so an update
+  need not wait for the slowest; the late gradient is dropped as stale;
+- ps-async: every worker applies its own gradients as soon as it has them.
+
+All run through their real launchers, on this machine, with one PS task.
+"""
+from bench import scaling
+
+MODES = ("ring", "ps-sync", "ps-sync-backup", "ps-async")
+# The same optimizer on the same global batch in every mode: ring's default
+# lr x N (with a warm-up) is a ring-mode recipe, not a property of the ring.
+RING_AS_PS = ["--no-lr-scaling", "--warmup-epochs", "0"]
+
+
+def command(mode, workers, cfg, summary, workdir, extra=()):
+    """The launcher command for `mode` with W = `workers`; `extra` flags go to
+    every trainer."""
+    site = scaling.sites.this_machine()
+    if mode == "ps-sync-backup":
+        cmd = scaling.command("ps-sync", workers + 1, 1, cfg, cfg["batch_size"], summary, site, workdir)
+        cmd += ["--replicas-to-aggregate", str(workers)]
+    else:
+        cmd = scaling.command(mode, workers, 1, cfg, cfg["batch_size"], summary, site, workdir)
+    return cmd + (RING_AS_PS if mode == "ring" else []) + list(extra)
+
+
+def run(mode, workers, cfg, out_dir, tag, log, extra=()):
+    """One run; its summary."""
+    return scaling.run_tagged(tag, lambda summary, runs: command(mode, workers, cfg, summary, runs, extra),
+                              out_dir, scaling.sites.this_machine(), cfg["timeout"], log)
+
+
+def processes(mode, workers):
+    return workers + 1 if mode == "ps-sync-backup" else workers
+
+
+def applied_images_per_sec(summary):
+    """Images whose gradients reached the weights, per second: ring applies
+    every image; PS modes are measured by the chief from the global step
+    (dropped stale gradients do not count)."""
+    applied = summary.get("applied_images_per_sec")
+    return summary["images_per_sec"] if applied is None else applied
+
+
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
