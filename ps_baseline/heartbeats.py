@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 BEAT = 1.0
 FINISHED = -1  # a worker that is done stops beating on purpose
+GONE_AFTER = 5 * BEAT  # the chief stops waiting for the report of a worker silent this long
 
 
 @dataclass
@@ -47,10 +48,17 @@ class StallWatch(threading.Thread):
         self.options = tf.compat.v1.RunOptions(timeout_in_ms=int(BEAT * 5000))
         self.done = threading.Event()
         self.warned = set()
+        self.last = {}  # worker -> (heartbeat value, when it last changed)
+
+    def gone(self):
+        """Workers silent for GONE_AFTER (dead or frozen), not finished; none if not watching."""
+        now = time.monotonic()
+        return {w for w, (beat, changed) in dict(self.last).items()
+                if w != self.task and beat != FINISHED and now - changed > GONE_AFTER}
 
     def run(self):
         count, now = 0, time.monotonic()
-        last = {}      # worker -> (heartbeat value, when it last changed)
+        last = self.last
         ps_heard = now
         while not self.done.wait(BEAT):
             count, now = count + 1, time.monotonic()
@@ -84,8 +92,8 @@ class StallWatch(threading.Thread):
                           f"--checkpoint-dir) to resume, or use --replicas-to-aggregate for backup workers")
             elif self.task == 0 and worker not in self.warned:
                 self.warned.add(worker)
-                self.log(f"{who} sent no heartbeat for {silent:.0f} s (--stall-timeout): it is frozen; "
-                         f"training goes on without it")
+                self.log(f"{who} sent no heartbeat for {silent:.0f} s (--stall-timeout): it is frozen or "
+                         f"gone; training goes on without it")
             elif worker == 0 and self.task != 0:
                 self._end(f"the chief ({who}) sent no heartbeat for {silent:.0f} s (--stall-timeout): it is "
                           f"frozen. Restart the cluster (same --checkpoint-dir) to resume")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from multihost import hostfile, procs
 from multihost.private_net import PrivateNetwork
-from ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode
+from ps_baseline.options import EXPOSURE_SAID_ENV, NO_RESTARTS_ENV, PROG, add_mode_flags, check_mode
 from workloads.console import Console
 from workloads.errors import UsageError
 from workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
@@ -29,6 +29,7 @@ from workloads.outputs import check_outputs
 from workloads.summary import FULL_SUMMARY_LINE_ENV
 
 WORKERS_GRACE_SEC = 60  # after the chief is done, time for the others to finish
+MAX_RESTARTS = 3        # --restart-workers: per worker, so that a worker that always dies does not loop
 
 EXAMPLE = f"""\
 examples:
@@ -56,6 +57,10 @@ def launch_only_parser():
                    help="OpenMPI hostfile (`host slots=N` lines): start the tasks on these hosts over ssh "
                         "(default: all on this machine)")
     g.add_argument("--summary-json", metavar="FILE", help="also write the final JSON summary to FILE")
+    g.add_argument("--restart-workers", action="store_true",
+                   help=f"restart a worker (not the chief) that dies, up to {MAX_RESTARTS} times each; it "
+                        "rejoins where it left off. Without it, async training and sync training with backup "
+                        "workers go on without a dead worker; plain sync training stops")
     return parser
 
 
@@ -149,19 +154,27 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
     output = TaskOutput(across_hosts=args.hostfile is not None, chief=chief.name)
     running = {}
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+    def start(task):
+        argv_ = [sys.executable, "-m", "ps_baseline", *cluster_words, f"--job_name={task.job}",
+                 f"--task_index={task.index}", *words]
+        env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", EXPOSURE_SAID_ENV: "1"}
+        if task is chief:
+            env[FULL_SUMMARY_LINE_ENV] = "1"  # its summary comes back through its output
+            if not args.restart_workers:
+                env[NO_RESTARTS_ENV] = "1"
+        running[task.name] = procs.Process(net.wrap(argv_), name=task.name, host=task.host, cwd=os.getcwd(),
+                                           env=env, on_line=output.write)
+
     try:
         for task in tasks:
-            argv_ = [sys.executable, "-m", "ps_baseline", *cluster_words, f"--job_name={task.job}",
-                     f"--task_index={task.index}", *words]
-            env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", EXPOSURE_SAID_ENV: "1"}
-            if task is chief:
-                env[FULL_SUMMARY_LINE_ENV] = "1"  # its summary comes back through its output
-            running[task.name] = procs.Process(net.wrap(argv_), name=task.name, host=task.host, cwd=os.getcwd(),
-                                               env=env, on_line=output.write)
-        failed = watch(running, chief.name)
+            start(task)
+        failed = watch(running, chief.name, WorkerLosses(args, tasks, chief, start, console))
         if failed is None and not tf2:  # (TF2's servers join forever: nothing to wait for)
             # The chief is done: the others finish their reports, the PS tasks shut down.
-            procs.wait_all([p for name, p in running.items() if name != chief.name], WORKERS_GRACE_SEC)
+            # (A worker the chief summarised without is dead or frozen: not worth waiting for.)
+            reported = (output.summary or {}).get("reporting_workers")
+            procs.wait_all([running[t.name] for t in tasks if t is not chief and not (
+                t.job == "worker" and reported is not None and t.index not in reported)], WORKERS_GRACE_SEC)
     finally:
         procs.stop_all(list(running.values()))
         signal.signal(signal.SIGTERM, previous_sigterm)
@@ -210,15 +223,49 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def watch(running, chief_name):
-    """Wait until the chief exits 0 (returns None) or any task fails (returns it)."""
+def watch(running, chief_name, losses):
+    """Wait until the chief exits 0 (returns None) or a task fails in a way
+    training cannot survive (returns it)."""
     while True:
-        for name, process in running.items():
+        for name, process in list(running.items()):
             status = process.poll()
-            if status is None:
+            if status is None or name in losses.lost:
                 continue
             if name == chief_name:
                 return None if status == 0 else process
-            if status != 0:
+            if status != 0 and not losses.survive(process):
                 return process
         time.sleep(0.2)
+
+
+class WorkerLosses:
+    """What a dead non-chief worker means: a restart (--restart-workers), or
+    training going on without it where the mode allows (async; sync with K
+    below the workers left), in one line either way."""
+
+    def __init__(self, args, tasks, chief, start, console):
+        self.args, self.start, self.console = args, start, console
+        self.workers = {t.name: t for t in tasks if t.job == "worker" and t is not chief}
+        self.tf2_or_in_graph = args.api == "tf2" or args.replication == "in-graph"
+        self.restarts, self.lost = {}, set()
+
+    def survive(self, process):
+        task = self.workers.get(process.name)
+        if task is None or self.tf2_or_in_graph:  # PS tasks, the chief; and modes built on every worker
+            return False
+        died = f"{PROG} launch: {process.name}{' on ' + task.host if self.args.hostfile else ''} " \
+               f"{process.describe_exit()}"
+        if self.args.restart_workers and self.restarts.get(task.name, 0) < MAX_RESTARTS:
+            self.restarts[task.name] = self.restarts.get(task.name, 0) + 1
+            self.console.line(f"{died}; restarting it ({self.restarts[task.name]} of {MAX_RESTARTS}): it "
+                              "rejoins where it left off")
+            self.start(task)
+            return True
+        left = len(self.workers) - len(self.lost)  # alive without this one: the chief and the others
+        needed = (self.args.replicas_to_aggregate or len(self.workers) + 1) if self.args.sync else 1
+        if left < needed:
+            return False
+        self.lost.add(task.name)
+        how = "async" if not self.args.sync else f"sync with {needed} of {len(self.workers) + 1} per update"
+        self.console.line(f"{died}; training goes on without it ({how}, {left} worker(s) left)")
+        return True

@@ -10,6 +10,9 @@ PROG = "ps-baseline"
 PLACEMENTS = ("round_robin", "greedy", "partitioned")  # see ps_baseline/placement.py
 # Set by `launch` for its tasks: it has said where their servers can be reached.
 EXPOSURE_SAID_ENV = "PS_BASELINE_EXPOSURE_SAID"
+# Set by `launch` without --restart-workers: a dead worker will not come back, so the
+# chief need not wait --report-timeout for its report (a person restarting it by hand might).
+NO_RESTARTS_ENV = "PS_BASELINE_NO_RESTARTS"
 
 
 def parse_bool(text):

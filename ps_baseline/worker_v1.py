@@ -9,13 +9,15 @@ the variables, writes checkpoints and summaries; the others wait for it.
 Lines that distribution adds are marked `# PS:`.
 """
 import functools
+import os
 import threading
 import time
 from dataclasses import dataclass
 
 from multihost.net import wait_for
 from ps_baseline import heartbeats, placement, reports, servers
-from ps_baseline.options import PROG
+from ps_baseline.failures import checkpoint_failures, non_finite_loss_hook
+from ps_baseline.options import NO_RESTARTS_ENV, PROG
 from workloads import models
 from workloads.console import Console
 from workloads.errors import UsageError
@@ -201,8 +203,10 @@ def train(args, cluster, dataset):
     else:
         console.begin("waiting for the chief to initialise the variables")
         wait_for_chief(tf, server, g, config, args.startup_timeout, cluster.worker[0])
-    session = open_session(tf, args, server, config, is_chief, cluster,
-                           sync_optimizer=g.train.optimizer if args.sync else None)
+    with checkpoint_failures(tf, args.checkpoint_dir):  # (the chief saves a first checkpoint here)
+        session = open_session(tf, args, server, config, is_chief, cluster,
+                               sync_optimizer=g.train.optimizer if args.sync else None,
+                               guard=non_finite_loss_hook(tf, g.train, task, args.checkpoint_dir))
 
     peers = [(f"ps task {i}", a) for i, a in enumerate(cluster.ps)]
     if not is_chief:
@@ -218,7 +222,7 @@ def train(args, cluster, dataset):
         log=console.line, prog=PROG)
     if args.stall_timeout:
         stall.start()
-    with session:
+    with checkpoint_failures(tf, args.checkpoint_dir), session:
         raw = lambda fetches, feed=None: session.run_step_fn(
             lambda step_context: step_context.session.run(fetches, feed))
         if is_chief:
@@ -233,7 +237,9 @@ def train(args, cluster, dataset):
             watchdog.stop()
             console.line(f"done after {report.local_steps} steps")
             return 0
-        worker_reports = gather_reports(raw, g, args.sync, args.report_timeout, console)
+        # Under `launch` without restarts, a silent worker will not come back: don't wait for it.
+        worker_reports = gather_reports(raw, g, args.sync, args.report_timeout, console,
+                                        gone=stall.gone if os.environ.get(NO_RESTARTS_ENV) else set)
         stall.finish()
         wall_seconds = time.perf_counter() - wall_start
         global_step = raw(g.train.global_step)
@@ -271,8 +277,10 @@ def train(args, cluster, dataset):
     return 0
 
 
-def open_session(tf, args, server, config, is_chief, cluster, sync_optimizer=None):
-    hooks = []
+def open_session(tf, args, server, config, is_chief, cluster, sync_optimizer=None, guard=None):
+    """`guard`: a hook that may stop training before anything is saved (on the
+    chief it runs before the checkpoint saver)."""
+    hooks = [guard] if guard and not is_chief else []
     if sync_optimizer:
         quiet_cancelled_queue_runners(tf)
         # PS: the chief runs the queue that applies aggregated updates.
@@ -283,7 +291,8 @@ def open_session(tf, args, server, config, is_chief, cluster, sync_optimizer=Non
         # PS: the chief initialises or restores the variables and checkpoints them.
         return tf.compat.v1.train.MonitoredTrainingSession(
             master=server.target, is_chief=is_chief, checkpoint_dir=args.checkpoint_dir,
-            hooks=hooks, config=config, max_wait_secs=args.startup_timeout,
+            hooks=hooks, chief_only_hooks=[guard] if guard and is_chief else None,
+            config=config, max_wait_secs=args.startup_timeout,
             save_summaries_steps=args.log_every, log_step_count_steps=0,
             stop_grace_period_secs=3, **checkpoint_options)
     except tf.errors.DeadlineExceededError:
@@ -344,20 +353,23 @@ def gradient_counts(raw, g, args, global_step):
             "gradients_dropped": max(int(pushed) - k * int(global_step) - pending, 0)}
 
 
-def gather_reports(raw, g, sync, timeout, console):
-    """The chief, after its own steps: free sync stragglers, then wait for every report."""
+def gather_reports(raw, g, sync, timeout, console, gone=set):
+    """The chief, after its own steps: free sync stragglers, then wait for
+    every report but those of workers gone silent (dead or frozen)."""
     if sync:
         raw(g.coordination.release_workers)
 
     def every_report():
         texts = raw(g.coordination.read_reports)
-        return texts if all(texts) else None
+        missing = {i for i, text in enumerate(texts) if not text}
+        return texts if not missing or missing <= gone() else None
 
     texts = wait_for(every_report, timeout, poll=0.5) or raw(g.coordination.read_reports)
     missing = [i for i, t in enumerate(texts) if not t]
     if missing:
-        console.line(f"no report from worker(s) {missing} after {timeout:g}s "
-                     "(--report-timeout); summarising without them")
+        why = "they went silent (dead or frozen)" if set(missing) <= gone() else \
+            f"waited {timeout:g}s (--report-timeout)"
+        console.line(f"no report from worker(s) {missing}: {why}; summarising without them")
     return [reports.WorkerReport.from_json(t.decode()) for t in texts if t]
 
 

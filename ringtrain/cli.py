@@ -1,8 +1,9 @@
 """`ringtrain`: the ring-allreduce trainer, and `ringtrain doctor`."""
+import os
 import sys
 
 from workloads import flags
-from workloads.errors import UsageError, run_cli
+from workloads.errors import TrainingStopped, UsageError, launched_rank, run_cli
 from workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
 from workloads.outputs import check_outputs
 
@@ -57,6 +58,12 @@ def parser():
                    help="no step on any rank for S seconds ends the job, naming the rank that stopped "
                         "(an out-of-band watchdog: Horovod's own waits with the frozen collective); "
                         "0 disables (default %(default)g)")
+    r.add_argument("--elastic", action="store_true",
+                   help="go on when ranks are lost or added, under horovodrun's elastic mode (horovodrun "
+                        "--gloo -np N --min-np M --max-np X --host-discovery-script S ringtrain --elastic)")
+    r.add_argument("--commit-every", type=flags.positive_int, default=10, metavar="K",
+                   help="--elastic: commit the state every K steps; a lost rank costs at most K steps "
+                        "(default %(default)s)")
     r.add_argument("--no-allreduce", action="store_true",
                    help="measurement only: skip the gradient allreduce, so ranks diverge "
                         "(Horovod's background thread still coordinates every cycle)")
@@ -79,6 +86,9 @@ def validate(args):
     check_outputs(args)  # before the training, not at its first save
     if args.epochs == 0 and not args.steps:
         raise UsageError("--epochs 0 trains nothing: give --epochs >= 1 or --steps K")
+    if args.elastic and os.environ.get("HOROVOD_ELASTIC") != "1":
+        raise UsageError("--elastic runs under horovodrun's elastic mode: horovodrun --gloo -np N --min-np M "
+                         "--max-np X --host-discovery-script S ringtrain --elastic ...")
 
 
 def _main(argv):
@@ -93,8 +103,20 @@ def _main(argv):
     dataset = flags.load_training_data(args)
     from workloads.tfenv import import_tensorflow_quietly
     import_tensorflow_quietly()
+    if args.elastic:
+        from ringtrain.elastic import train
+        return train(args, dataset)
     from ringtrain.train import train
-    return train(args, dataset)
+    try:
+        return train(args, dataset)
+    except Exception as e:
+        if "Horovod has been shut down" not in str(e):
+            raise
+        # A peer died mid-collective: what the launcher says next names it; say it in one line here.
+        rank = launched_rank()
+        raise TrainingStopped(f"{'rank ' + str(rank) + ': ' if rank is not None else ''}a collective failed: "
+                              "another rank, or its host, is gone (Horovod has been shut down); the job ends: "
+                              "resume with --resume from the last checkpoint, or run with --elastic") from None
 
 
 def main(argv=None):

@@ -88,7 +88,9 @@ def mpirun_two_ranks(report):
         ok, result = False, None
     report.line("mpirun -np 2", "ok" if ok else "FAILED")
     if not ok:
-        detail = (result.stderr.strip().splitlines() or [""])[-1] if result else "timed out after 60 s"
+        detail = ((result.stderr.strip().splitlines() or
+                   [f"exit {result.returncode}, output {result.stdout.strip()[-80:]!r}"])[-1]
+                  if result else "timed out after 60 s")
         report.problem(f"mpirun could not start 2 ranks: {detail}",
                        "check `mpirun -np 2 hostname` works; as root export "
                        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
@@ -116,18 +118,59 @@ def open_doors(report):
                 "cluster's interface, token-checked")
 
 
+def hostfile_check(report, path, ranks):
+    """What mpirun and horovodrun would trip on, each said in one line here
+    (their own messages run to dozens): the file, names that do not resolve,
+    too few slots, hosts that ssh cannot reach or that lack this install."""
+    from multihost import hostfile, procs
+    from multihost.net import is_local_host
+    from workloads.errors import UsageError
+    try:
+        hosts = hostfile.read_hostfile(path)
+        if ranks:
+            hostfile.fill(hosts, ranks, f"hostfile {path}")
+    except UsageError as e:
+        report.line("hostfile", f"{path}: PROBLEM")
+        report.problem(str(e), None)
+        return
+    bad = []
+    for host in hosts:
+        if is_local_host(host.name):
+            continue
+        done = procs.run([sys.executable, "-c", "pass"], host=host.name, timeout=30)
+        if done.returncode != 0 or done.timed_out:
+            reason = "timed out" if done.timed_out else (done.stderr.strip().splitlines() or ["no reason given"])[-1]
+            bad.append(host.name)
+            report.problem(f"hostfile {path}: cannot run {sys.executable} on {host.name} over ssh ({reason})",
+                           "passwordless ssh (BatchMode) from here to every host, and this install at the same "
+                           "path on each (a shared home, or the same image)")
+    report.line("hostfile", f"{path}: {len(hosts)} host(s), {sum(h.slots for h in hosts)} slot(s)"
+                + (f", {ranks} rank(s) fit" if ranks else "") + ("" if not bad else f"; unreachable: {', '.join(bad)}"))
+
+
+def parser():
+    from workloads.flags import OneLineParser, positive_int
+    p = OneLineParser(prog="ringtrain doctor",
+                      description="Print versions, Horovod's build, whether mpirun can start 2 ranks, cores and "
+                                  "GPUs, and where servers would listen; with --hostfile, check a cluster first. "
+                                  "Exits non-zero when ring mode cannot run.")
+    p.add_argument("--hostfile", metavar="FILE",
+                   help="also check this OpenMPI hostfile: syntax, names that resolve, slots, ssh to each host")
+    p.add_argument("--np", type=positive_int, metavar="N", help="with --hostfile: the ranks it must hold")
+    return p
+
+
 def main(argv=None):
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: ringtrain doctor\n\nPrint versions, Horovod's build, whether mpirun can "
-              "start 2 ranks, cores and GPUs, and where servers would listen.\nExits non-zero when ring mode cannot run.")
-        return 0
+    args = parser().parse_args(argv or [])
     report = Report()
     tf, hvd = versions(report)
     horovod_build(report, hvd)
     mpirun_two_ranks(report)
     hardware(report, tf)
     open_doors(report)
+    if args.hostfile:
+        hostfile_check(report, args.hostfile, args.np)
     for what, fix in report.problems:
-        print(f"PROBLEM: {what} -> fix: {fix}")
+        print(f"PROBLEM: {what}" + (f" -> fix: {fix}" if fix else ""))
     print("ring mode: " + ("ready" if not report.problems else "CANNOT RUN"))
     return 1 if report.problems else 0

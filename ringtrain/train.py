@@ -35,10 +35,7 @@ def train(args, dataset):
     # Horovod: pin each rank to one GPU by local rank, where there are GPUs.
     pin_gpu(hvd.local_rank())
 
-    model = models.build(args.model, seed=args.seed, dropout=not args.no_dropout,
-                         simulate_gpu_ms=args.simulate_gpu)
-    optimizer = keras_optimizer(args.optimizer, args.lr)
-    optimizer.build(model.trainable_variables)
+    model, optimizer = build(args)
     per_epoch = steps_per_epoch(len(dataset.train_labels), hvd.size(), args.batch_size)
     # Horovod: the lr grows with the rank count, after a warm-up.
     lr_at = knobs.learning_rate_schedule(args, hvd.size(), per_epoch)
@@ -102,6 +99,15 @@ def train(args, dataset):
     if args.dump_weights:
         np.savez(parent_made(args.dump_weights.format(rank=hvd.rank())), *[v.numpy() for v in model.variables])
     return 0
+
+
+def build(args):
+    """The model and its optimizer, its slots created."""
+    model = models.build(args.model, seed=args.seed, dropout=not args.no_dropout,
+                         simulate_gpu_ms=args.simulate_gpu)
+    optimizer = keras_optimizer(args.optimizer, args.lr)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
 
 
 def make_train_step(args, hvd, model, optimizer):

@@ -76,6 +76,25 @@ def mpirun(np_, *args, hostfile=None):
             os.path.join(BIN, "ringtrain"), *args]
 
 
+def descendant(pid, match):
+    """The one process below `pid` for which match(psutil.Process) holds."""
+    import psutil
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if match(child):
+                found.append(child)
+        except psutil.Error:
+            continue
+    assert len(found) == 1, [c.cmdline() for c in found]
+    return found[0]
+
+
+def ps_task(job, index):
+    """A match for descendant(): the PS-mode task `job` `index` (as `launch` starts it)."""
+    return lambda p: f"--job_name={job}" in p.cmdline() and f"--task_index={index}" in p.cmdline()
+
+
 # --- reading what runs leave ----------------------------------------------------
 
 def last_json(text):

@@ -97,17 +97,22 @@ def assert_no_process_left_on_any_host(cluster, timeout=10):
     assert left() == {h.name: [] for h in cluster.hosts}
 
 
-def task_pid(cluster, host, job):
-    """The PID of a `python -m ps_baseline --job_name=JOB` task on `host` (not its guard)."""
+def pid_on(cluster, host, match):
+    """The PID of the first process on `host` whose argv satisfies match(argv), or None."""
     for pid in simcluster.processes_in(cluster.host(host).netns):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().decode().split("\0")
         except OSError:
             continue
-        if argv[1:3] == ["-m", "ps_baseline"] and f"--job_name={job}" in argv:
+        if match(argv):
             return pid
     return None
+
+
+def task_pid(cluster, host, job):
+    """The PID of a `python -m ps_baseline --job_name=JOB` task on `host` (not its guard)."""
+    return pid_on(cluster, host, lambda argv: argv[1:3] == ["-m", "ps_baseline"] and f"--job_name={job}" in argv)
 
 
 def test_a_task_killed_on_a_remote_host_ends_the_job_naming_it_and_leaves_nothing(cluster, tmp_path):
@@ -183,3 +188,55 @@ def test_down_leaves_no_namespace_interface_process_file_or_route(cluster):
     assert routes.strip() == ""
     status = run([os.path.join(BIN, "ringtrain-cluster"), "--name", name, "status"], timeout=30)
     assert status.returncode != 0 and "is not up" in status.stderr
+
+
+def test_doctor_checks_the_clusters_hostfile_from_a_host(cluster):
+    """ssh to every host and this install there: what mpirun and horovodrun need first."""
+    ok = run(on(cluster, "h1", os.path.join(BIN, "ringtrain"), "doctor", "--hostfile", cluster.hostfile, "--np", "3"),
+             timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert f"{cluster.hostfile}: 3 host(s), 3 slot(s), 3 rank(s) fit" in ok.stdout
+    short = run(on(cluster, "h1", os.path.join(BIN, "ringtrain"), "doctor", "--hostfile", cluster.hostfile,
+                   "--np", "4"), timeout=120)
+    problems = [line for line in short.stdout.splitlines() if line.startswith("PROBLEM")]
+    assert short.returncode == 1 and len(problems) == 1 and "but 4 are needed" in problems[0], short.stdout
+
+
+def ringtrain_pid(cluster, host):
+    """The PID of the elastic ringtrain rank on `host`."""
+    return pid_on(cluster, host, lambda argv: any(w.endswith("/ringtrain") for w in argv[:2]) and "--elastic" in argv)
+
+
+@pytest.mark.parametrize("change", ["rank killed", "host removed", "host added"])
+def test_elastic_ring_goes_on_when_a_rank_is_lost_or_a_host_comes_or_goes(cluster, tmp_path, change):
+    """--elastic under horovodrun --gloo's elastic mode, h1..h3 from a discovery script
+    that reads a file: training goes on at the new rank count, to identical weights."""
+    hosts_file = tmp_path / "elastic-hosts"
+    hosts_file.write_text("h1:1\nh2:1\n" if change == "host added" else "h1:1\nh2:1\nh3:1\n")
+    discover = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "mpi_hostfiles", "discover_hosts.sh"))
+    weights_path = str(tmp_path / "w-{rank}.npz")
+    start = 2 if change == "host added" else 3
+    with Tasks(str(tmp_path)) as tasks:
+        tasks.start("elastic", on(cluster, "h1", "env", f"RINGTRAIN_ELASTIC_HOSTS={hosts_file}",
+                                  os.path.join(BIN, "horovodrun"), "--gloo", "-np", str(start), "--min-np", "2",
+                                  "--max-np", "3", "--host-discovery-script", discover,
+                                  os.path.join(BIN, "ringtrain"), "--elastic", "--commit-every", "5",
+                                  "--model", "mnist_mlp", "--steps", "400", *DETERMINISTIC, "--log-every", "10",
+                                  "--dump-weights", weights_path))
+        tasks.wait_for_text("elastic", "step 30/400", timeout=180)
+        if change == "rank killed":
+            victim = ringtrain_pid(cluster, "h3")
+            assert victim, "no ringtrain rank on h3"
+            os.kill(victim, signal.SIGKILL)
+        else:
+            hosts_file.write_text("h1:1\nh2:1\n" if change == "host removed" else "h1:1\nh2:1\nh3:1\n")
+        assert tasks.wait("elastic", 180) == 0, tasks.log("elastic")[-3000:]
+        log = tasks.log("elastic")
+    summary = last_json(log)
+    end = 3 if change == "host added" else 2
+    assert summary["steps"] == 400 and summary["elastic"]["world_sizes"] == [start, end], summary.get("elastic")
+    assert summary["world_size"] == end and sorted(summary["hosts"]) == ["h1", "h2", "h3"][:end]
+    dumped = [weights(weights_path, rank) for rank in range(end)]
+    for other in dumped[1:]:
+        assert_same_weights(dumped[0], other, exact=True)
+    assert_no_process_left_on_any_host(cluster)

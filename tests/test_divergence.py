@@ -67,3 +67,22 @@ def test_strict_json_writes_null_for_nan_and_infinities():
                                         ("--seed", "-1")])
 def test_float_flags_refuse_inf_and_nan_and_the_seed_a_negative(flag, value):
     assert_one_line_error(["ringtrain", flag, value], flag, code=2)
+
+
+@pytest.mark.slow
+def test_a_diverging_ps_run_stops_in_one_line_and_keeps_the_last_good_checkpoint(tmp_path):
+    import numpy as np
+    import tensorflow as tf
+    from helpers import PS_BASELINE
+    ckpt = tmp_path / "ckpt"
+    done = run([*PS_BASELINE, "launch", "--num-ps", "1", "--num-workers", "1", *DIVERGING, "--steps", "60",
+                "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1000"], timeout=150)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "non-finite loss" in line]
+    assert len(said) == 1 and "of worker 0" in said[0], done.stdout + done.stderr
+    # the chief's checkpoint at step 0 (the only one before the bad update) is still the latest, and finite
+    latest = tf.train.latest_checkpoint(str(ckpt))
+    assert latest.endswith("model.ckpt-0") and f"the last good checkpoint is {latest}" in said[0]
+    reader = tf.train.load_checkpoint(latest)
+    assert all(np.isfinite(reader.get_tensor(name)).all() for name in reader.get_variable_to_shape_map())

@@ -9,13 +9,14 @@ from helpers import BENCH, PS_BASELINE, TINY, assert_one_line_error
 
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.mark.parametrize("text,expected", [
+BAD_HOSTFILES = [  # (hostfile text, what the one line must say); 2 ranks or workers are asked for
     ("localhost slots=1\nno-such-host-rt.invalid slots=1\n", "unknown host 'no-such-host-rt.invalid'"),
     ("localhost slots=1\nlocalhost:2\n", "line 2 ('localhost:2')"),
     ("localhost slots=1\n", "has 1 slot(s) (localhost slots=1) but 2 are needed"),
-])
+]
+
+
+@pytest.mark.parametrize("text,expected", BAD_HOSTFILES)
 def test_ps_launch_rejects_a_bad_hostfile_in_one_line(tmp_path, text, expected):
     path = tmp_path / "hosts"
     path.write_text(text)
@@ -43,3 +44,26 @@ def test_a_hostfile_with_too_few_slots_is_one_line(tmp_path):
     hosts.write_text("localhost slots=1\n")
     assert_one_line_error([*BENCH, "scaling", "--hostfile", str(hosts), "--np", "1,2", "--out", str(tmp_path)],
                           "has 1 slot(s) (localhost slots=1) but 2 are needed", code=2, env=child_env())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text,expected", BAD_HOSTFILES)
+def test_doctor_checks_a_hostfile_before_mpirun_or_horovodrun_trip_on_it(tmp_path, text, expected):
+    """mpirun and horovodrun print 12-35 lines for these; the pre-flight says each in one."""
+    from helpers import run
+    path = tmp_path / "hosts"
+    path.write_text(text)
+    done = run(["ringtrain", "doctor", "--hostfile", str(path), "--np", "2"], timeout=60)
+    assert done.returncode == 1
+    problems = [line for line in done.stdout.splitlines() if line.startswith("PROBLEM: hostfile")]
+    assert len(problems) == 1 and expected in problems[0], done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_doctor_passes_a_good_hostfile(tmp_path):
+    from helpers import run
+    path = tmp_path / "hosts"
+    path.write_text("localhost slots=2\n")
+    done = run(["ringtrain", "doctor", "--hostfile", str(path), "--np", "2"], timeout=60)
+    assert done.returncode == 0, done.stdout
+    assert f"hostfile               {path}: 1 host(s), 2 slot(s), 2 rank(s) fit" in done.stdout

@@ -96,3 +96,42 @@ def test_a_full_disk_at_a_checkpoint_stops_in_one_line_and_keeps_the_older_one(s
     assert not [name for name in os.listdir(ckpt) if "temp" in name or name.startswith("ckpt-8")]
     import tensorflow as tf
     assert tf.train.load_checkpoint(str(ckpt / "ckpt-4")).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 4
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_a_ps_checkpoint_stops_in_one_line_and_keeps_the_older_one(tmp_path):
+    """The chief's first checkpoint fits; then the disk fills (we fill it), and the next one does not."""
+    import time
+    from helpers import Tasks
+    if os.geteuid() != 0:
+        pytest.skip("mounting a file system needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "ringtrain-test-ps-disk", str(disk)], check=True)
+    try:
+        ckpt = disk / "ckpt"
+        with Tasks(str(tmp_path)) as tasks:
+            tasks.start("launch", [*PS_BASELINE, "launch", "--num-ps", "1", "--num-workers", "1", "--model",
+                                   "mnist_mlp", "--optimizer", "sgd", "--simulate-gpu", "50", "--steps", "100000",
+                                   "--log-every", "100000", "--checkpoint-every", "40", "--checkpoint-dir", str(ckpt),
+                                   *ONE_THREAD])
+            deadline = time.monotonic() + 120
+            while not (ckpt / "model.ckpt-0.index").exists():
+                assert time.monotonic() < deadline and tasks.procs["launch"].poll() is None, tasks.log("launch")
+                time.sleep(0.2)
+            with open(disk / "filler", "wb", buffering=0) as f:
+                try:
+                    while True:
+                        f.write(b"\0" * (256 * 1024))
+                except OSError:
+                    f.truncate(max(f.tell() - 256 * 1024, 0))  # a quarter MB left: no checkpoint fits
+            assert tasks.wait("launch", 120) == 3
+            log = tasks.log("launch")
+        said = [line for line in log.splitlines() if "cannot write the checkpoint" in line]
+        assert len(said) == 1 and "Traceback" not in log, log[-3000:]
+        assert said[0].endswith(f"cannot write the checkpoint of step 40 to {ckpt}: no space left on device; the "
+                                f"last good checkpoint is {ckpt}/model.ckpt-0: free space and restart the cluster "
+                                f"with the same --checkpoint-dir"), said
+        assert not [name for name in os.listdir(ckpt) if "temp" in name or name.startswith("model.ckpt-40")]
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

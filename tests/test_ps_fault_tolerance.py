@@ -4,9 +4,9 @@ where it left off; sync with a backup worker survives a dead worker; a dead
 PS stops the workers with one clear line within seconds, and the restarted
 cluster resumes from the last checkpoint.
 
-Real TF gRPC servers on localhost, one process per task (the per-task CLI,
-not `launch`, which stops everything when one task fails), killed with
-SIGKILL by process group at a logged step."""
+Real TF gRPC servers on localhost, one process per task (the per-task CLI),
+killed with SIGKILL by process group at a logged step; and the same through
+`launch`, which goes on where the mode allows, or restarts the worker."""
 import os
 import re
 import signal
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from helpers import TINY, Tasks, checkpoint_step, hosts, last_json, task_args
+from helpers import PS_BASELINE, TINY, Tasks, checkpoint_step, descendant, hosts, last_json, ps_task, task_args
 
 pytestmark = pytest.mark.slow
 
@@ -176,3 +176,55 @@ def test_dead_ps_stops_workers_with_one_line_and_the_cluster_resumes_from_its_ch
         assert summary["steps"] == saved_global + (steps - chief_step) + (steps - worker_step)
         assert checkpoint_step(ckpt) == summary["steps"]
         assert tasks.wait("ps0_again", 30) == 0
+
+
+# --- the same through `launch` ------------------------------------------------------
+
+def launch_and_kill_worker(tmp_path, workers, victim, *flags, steps=300):
+    """`launch` with a simulated accelerator (steps slow enough that the kill
+    lands mid-run); SIGKILL worker `victim` at its step 10. (exit status, log)."""
+    cmd = [*PS_BASELINE, "launch", "--num-ps", "1", "--num-workers", str(workers), *TINY, "--simulate-gpu", "30",
+           "--steps", str(steps), *flags]
+    with Tasks(str(tmp_path)) as tasks:
+        job = tasks.start("launch", cmd)
+        tasks.wait_for_text("launch", f"worker {victim}: epoch 1 step 10/{steps}", 90)
+        descendant(job.pid, ps_task("worker", victim)).kill()
+        code = tasks.wait("launch", 100)
+        return code, tasks.log("launch")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("mode", ["async", "sync-with-a-backup"])
+def test_launch_goes_on_without_a_dead_worker_where_the_mode_allows(mode, tmp_path):
+    flags = ["--sync", "--replicas-to-aggregate", "2"] if mode != "async" else []
+    code, log = launch_and_kill_worker(tmp_path, 3, 2, *flags)
+    assert code == 0, log[-3000:]
+    said = [line for line in log.splitlines() if line.startswith("ps-baseline launch: worker2 ")]
+    assert len(said) == 1 and "killed by signal 9" in said[0] and "training goes on without it" in said[0], said
+    summary = last_json(log)
+    assert summary["reporting_workers"] == [0, 1] and summary["steps"] >= 300
+    # nobody restarts it under launch: the chief does not wait --report-timeout (120 s) for its report
+    assert "no report from worker(s) [2]: they went silent" in log
+    assert "stopped every task" not in log
+
+
+@pytest.mark.timeout(150)
+def test_launch_stops_sync_training_that_needs_every_worker_when_one_dies(tmp_path):
+    code, log = launch_and_kill_worker(tmp_path, 2, 1, "--sync")
+    assert code != 0
+    said = [line for line in log.splitlines() if "stopped every task" in line]
+    assert len(said) == 1 and said[0].startswith("ps-baseline launch: worker1 was killed by signal 9"), log[-2000:]
+
+
+@pytest.mark.timeout(150)
+def test_launch_restarts_a_dead_worker_which_rejoins_where_it_left_off(tmp_path):
+    steps = 300
+    code, log = launch_and_kill_worker(tmp_path, 2, 1, "--restart-workers", steps=steps)
+    assert code == 0, log[-3000:]
+    assert "ps-baseline launch: worker1 was killed by signal 9 (SIGKILL); restarting it (1 of 3)" in log
+    worker1 = "\n".join(line for line in log.splitlines() if line.startswith("[worker1]"))
+    my_step, _ = resumed_at(worker1)
+    assert 10 <= my_step < steps and min(logged_steps(worker1.split("resuming at")[1])) > my_step
+    summary = last_json(log)
+    # async: every worker did all its steps, the killed one's cut-off step neither lost nor counted twice
+    assert summary["reporting_workers"] == [0, 1] and summary["steps"] == 2 * steps

@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from helpers import BIN, ONE_THREAD, PS_BASELINE, Tasks
+from helpers import BIN, ONE_THREAD, PS_BASELINE, Tasks, descendant, ps_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 STALL = 8      # --stall-timeout in these tests
@@ -17,25 +17,8 @@ TRAIN = ["--model", "mnist_mlp", "--batch-size", "16", "--steps", "100000", "--l
          "--stall-timeout", str(STALL)]
 
 
-def descendant(pid, match):
-    """The one process below `pid` for which match(psutil.Process) holds."""
-    found = []
-    for child in psutil.Process(pid).children(recursive=True):
-        try:
-            if match(child):
-                found.append(child)
-        except psutil.Error:
-            continue
-    assert len(found) == 1, [c.cmdline() for c in found]
-    return found[0]
-
-
 def ring_rank(rank):
     return lambda p: p.environ().get("OMPI_COMM_WORLD_RANK") == str(rank) and "ringtrain" in " ".join(p.cmdline())
-
-
-def ps_task(job, index):
-    return lambda p: f"--job_name={job}" in p.cmdline() and f"--task_index={index}" in p.cmdline()
 
 
 def freeze_and_wait(tasks, name, victim, timeout=STALL + MARGIN):

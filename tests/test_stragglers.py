@@ -97,7 +97,7 @@ def test_async_staleness_is_a_histogram_with_percentiles():
 @pytest.mark.timeout(420)
 def test_a_3x_straggler_slows_ring_and_sync_ps_but_not_async_ps(tmp_path):
     out = run_bench(["straggler", "--np", "2", "--factors", "3", "--modes", "ring,ps-sync,ps-async",
-                 "--model", "mnist_mlp", "--steps", "30", "--simulate-gpu", "30", "--out", str(tmp_path)], 400)
+                 "--model", "mnist_mlp", "--steps", "20", "--simulate-gpu", "30", "--out", str(tmp_path)], 400)
     result = json.loads((tmp_path / "straggler.json").read_text())
     row = {(r["mode"], r["factor"]): r for r in result["rows"]}
     assert set(row) == {(m, f) for m in ("ring", "ps-sync", "ps-async") for f in (1.0, 3.0)}

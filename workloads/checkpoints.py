@@ -59,14 +59,7 @@ class Checkpoints:
         try:
             return self._manager.save(checkpoint_number=progress.step)
         except (OSError, self._tf.errors.OpError) as e:
-            prefix = os.path.join(self.directory, f"ckpt-{progress.step}")
-            for leftover in glob.glob(prefix + "_temp*") + glob.glob(prefix + ".*"):
-                shutil.rmtree(leftover, ignore_errors=True) if os.path.isdir(leftover) else os.remove(leftover)
-            latest = self.latest
-            raise TrainingStopped(
-                f"cannot write the checkpoint of step {progress.step} to {self.directory}: {_reason(e)}; "
-                + (f"the last good checkpoint is {latest}: free space and resume with --resume" if latest
-                   else "no earlier checkpoint: free space and start again")) from None
+            raise failed_save(self.directory, f"ckpt-{progress.step}", progress.step, e, self.latest) from None
 
     def restore(self, source):
         """source: 'latest' (the newest in the checkpoint dir, or a fresh start
@@ -117,7 +110,22 @@ class Checkpoints:
         return source
 
 
+def failed_save(directory, name, step, error, latest, resume="resume with --resume"):
+    """A save of checkpoint `name` into `directory` failed (disk full, I/O
+    error): remove what the attempt left (TF's `NAME_temp*` folder and files),
+    and return the one-line TrainingStopped that says what to resume from."""
+    prefix = os.path.join(directory, name)
+    for leftover in glob.glob(prefix + "_temp*") + glob.glob(prefix + ".*"):
+        shutil.rmtree(leftover, ignore_errors=True) if os.path.isdir(leftover) else os.remove(leftover)
+    return TrainingStopped(
+        f"cannot write the checkpoint of step {step} to {directory}: {_reason(error)}; "
+        + (f"the last good checkpoint is {latest}: free space and {resume}" if latest
+           else "no earlier checkpoint: free space and start again"))
+
+
 def _reason(error):
     """TF's message without its op plumbing ({{function_node ...}}, [Op:...])."""
-    text = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\]", "", first_line(error))
-    return "no space left on device" if "No space left on device" in text else text
+    for cause in ("No space left on device", "Read-only file system", "Permission denied"):
+        if cause in str(error):  # (graph mode puts it lines below "Graph execution error:")
+            return cause[0].lower() + cause[1:]
+    return re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\]", "", first_line(error))
