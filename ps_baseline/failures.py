@@ -1,6 +1,7 @@
 """How a v1 PS worker stops in one line instead of a traceback, without
 spoiling the checkpoints: a non-finite loss, and a checkpoint that cannot be
-written (a full disk, an I/O error).
+written (a full disk, an I/O error); and how the chief gets past a newest
+checkpoint that does not read.
 
 MonitoredTrainingSession saves a checkpoint in a hook after every step that
 is due one, and again when the session closes. An error raised from a hook
@@ -13,8 +14,8 @@ import math
 import os
 import re
 
-from workloads.checkpoints import failed_save
-from workloads.errors import TrainingStopped
+from workloads.checkpoints import error_reason, failed_save
+from workloads.errors import TrainingStopped, UsageError
 
 RESUME = "restart the cluster with the same --checkpoint-dir"
 
@@ -59,3 +60,31 @@ def checkpoint_failures(tf, checkpoint_dir):
             raise TrainingStopped(f"cannot write to {checkpoint_dir} (--checkpoint-dir): no space left on device; "
                                   "free space, then " + RESUME) from None
         raise
+
+
+def newest_readable_checkpoint(tf, checkpoint_dir, log):
+    """The chief, before MonitoredTrainingSession restores the folder's newest
+    checkpoint: if that one does not read (cut short by a crash, say), say so
+    and point the folder's `checkpoint` state at the newest that does (the
+    broken files stay, for a look). Returns the one it will restore, or None."""
+    state = tf.train.get_checkpoint_state(checkpoint_dir) if checkpoint_dir else None
+    if not state:
+        return None
+    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    broken = []
+    for i in range(len(paths) - 1, -1, -1):
+        try:
+            reader = tf.train.load_checkpoint(paths[i])
+            for name in reader.get_variable_to_shape_map():
+                reader.get_tensor(name)  # a truncated data file fails only here
+        except Exception as e:  # noqa: BLE001 -- TF raises several kinds for a broken file
+            broken.append((paths[i], e))
+            continue
+        if broken:
+            log(f"warning: checkpoint {broken[0][0]} is unreadable ({error_reason(broken[0][1])}); "
+                f"restoring {paths[i]}, the newest that reads")
+            tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, paths[i],
+                                                       all_model_checkpoint_paths=paths[:i + 1])
+        return paths[i]
+    raise UsageError(f"no checkpoint in {checkpoint_dir} reads (the newest, {broken[0][0]}: "
+                     f"{error_reason(broken[0][1])}): move the folder aside to start afresh")

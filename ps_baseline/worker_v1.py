@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from multihost.net import wait_for
 from ps_baseline import heartbeats, placement, reports, servers
-from ps_baseline.failures import checkpoint_failures, non_finite_loss_hook
+from ps_baseline.failures import checkpoint_failures, newest_readable_checkpoint, non_finite_loss_hook
 from ps_baseline.options import NO_RESTARTS_ENV, PROG
 from workloads import models
 from workloads.console import Console
@@ -195,7 +195,7 @@ def train(args, cluster, dataset):
         console.line(placement.format_table(*placement.describe(g.model_variables), args.placement))
 
     config = session_config(tf, args.threads, ["/job:ps", f"/job:worker/task:{task}"])
-    restoring = args.checkpoint_dir and tf.train.latest_checkpoint(args.checkpoint_dir)
+    restoring = newest_readable_checkpoint(tf, args.checkpoint_dir, console.line) if is_chief else None
     if is_chief:
         console.begin(f"{'restoring ' + restoring if restoring else 'initialising the variables'}; "
                       f"{'sync' if args.sync else 'async'}, {num_workers} worker(s), {num_ps} ps, "

@@ -228,3 +228,22 @@ def test_launch_restarts_a_dead_worker_which_rejoins_where_it_left_off(tmp_path)
     summary = last_json(log)
     # async: every worker did all its steps, the killed one's cut-off step neither lost nor counted twice
     assert summary["reporting_workers"] == [0, 1] and summary["steps"] == 2 * steps
+
+
+@pytest.mark.timeout(200)
+def test_a_truncated_newest_ps_checkpoint_is_named_and_the_chief_restores_the_one_before(tmp_path):
+    import glob
+    import tensorflow as tf
+    from helpers import run_ok
+    ckpt = str(tmp_path / "ckpt")
+    launch = [*PS_BASELINE, "launch", "--num-ps", "1", "--num-workers", "1", *TINY, "--checkpoint-dir", ckpt,
+              "--checkpoint-every", "10"]
+    run_ok(launch + ["--steps", "30"], timeout=150)
+    newest = tf.train.latest_checkpoint(ckpt)
+    assert newest.endswith("model.ckpt-30"), newest
+    data = glob.glob(newest + ".data-*")[0]
+    os.truncate(data, os.path.getsize(data) // 2)  # as a crash mid-write would leave it
+    out = run_ok(launch + ["--steps", "50"], timeout=150)
+    assert (f"warning: checkpoint {newest} is unreadable" in out and
+            f"restoring {os.path.join(ckpt, 'model.ckpt-20')}, the newest that reads" in out), out[-3000:]
+    assert last_json(out)["steps"] == 50  # it went on from global step 20, not from 0

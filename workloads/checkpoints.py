@@ -84,10 +84,10 @@ class Checkpoints:
                 first_error = first_error or e
                 continue
             if candidate != path:
-                sys.stderr.write(f"warning: checkpoint {path} is unreadable ({_reason(first_error)}); "
+                sys.stderr.write(f"warning: checkpoint {path} is unreadable ({error_reason(first_error)}); "
                                  f"resumed from {candidate}, the newest that reads\n")
             return Progress(**{k: int(v.numpy()) for k, v in self._progress.items()})
-        raise UsageError(f"cannot restore checkpoint {path}: {_reason(first_error)}")
+        raise UsageError(f"cannot restore checkpoint {path}: {error_reason(first_error)}")
 
     def _older_than(self, path):
         """The checkpoints in path's folder older than it, newest first."""
@@ -118,12 +118,12 @@ def failed_save(directory, name, step, error, latest, resume="resume with --resu
     for leftover in glob.glob(prefix + "_temp*") + glob.glob(prefix + ".*"):
         shutil.rmtree(leftover, ignore_errors=True) if os.path.isdir(leftover) else os.remove(leftover)
     return TrainingStopped(
-        f"cannot write the checkpoint of step {step} to {directory}: {_reason(error)}; "
+        f"cannot write the checkpoint of step {step} to {directory}: {error_reason(error)}; "
         + (f"the last good checkpoint is {latest}: free space and {resume}" if latest
            else "no earlier checkpoint: free space and start again"))
 
 
-def _reason(error):
+def error_reason(error):
     """TF's message without its op plumbing ({{function_node ...}}, [Op:...])."""
     for cause in ("No space left on device", "Read-only file system", "Permission denied"):
         if cause in str(error):  # (graph mode puts it lines below "Graph execution error:")
