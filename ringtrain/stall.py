@@ -142,7 +142,7 @@ class StallWatchdog:
             steps = {0: self.step, **{r: entry[0] for r, entry in self.peers.items()}}
             silent = {r: now - entry[1] for r, entry in self.peers.items() if now - entry[1] > BEAT * SILENT_BEATS}
         if silent:
-            named = ", ".join(f"rank {r} ({self.hosts[r]}) at step {steps[r]}, silent for {s:.0f} s"
+            named = ", ".join(f"rank {r} ({self.hosts[r]}), silent for {s:.0f} s, last reported step {steps[r]}"
                               for r, s in sorted(silent.items()))
             what = f"stopped answering: {named}"
         else:
@@ -150,7 +150,7 @@ class StallWatchdog:
             named = ", ".join(f"rank {r} ({self.hosts[r]})" for r, s in sorted(steps.items()) if s == low)
             what = f"{named} stuck at step {low}, alive but not stepping"
         others = ", ".join(f"{r}: {s}" for r, s in sorted(steps.items()) if r not in silent)
-        return f"no step for {self.timeout:g} s (--stall-timeout); {what} (steps reached by rank {others})"
+        return f"no step for {self.timeout:g} s (--stall-timeout); {what} (steps reached, by rank: {others})"
 
     def _end(self, what):
         sys.stderr.write(f"{self.prog}: error: {what}; ending the job: resume with --resume from the last "
