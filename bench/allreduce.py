@@ -22,10 +22,10 @@ import sys
 
 import numpy as np
 
-from bench import launch, sites, stats, tables
-from bench.environment import describe, usable_cores
-from workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, knob_env, mpi_allreduce_env
-from workloads.summary import dumps
+from ringtrain.bench import launch, sites, stats, tables
+from ringtrain.bench.environment import describe, usable_cores
+from ringtrain.workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, knob_env, mpi_allreduce_env
+from ringtrain.workloads.summary import dumps
 
 UPSTREAM_LOOP = knob_env(loop="upstream")
 
@@ -45,9 +45,9 @@ COLUMNS = [("impl", "impl"), ("ranks", "ranks"), ("size", "size"), ("count", "co
 
 def gradient_shapes(model_name):
     """Shapes of the model's trainable variables: the gradients one step allreduces."""
-    from workloads.tfenv import import_tensorflow_quietly
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly
     import_tensorflow_quietly()
-    from workloads import models
+    from ringtrain.workloads import models
     return models.gradient_shapes(model_name)
 
 
@@ -96,7 +96,7 @@ def launches(np_list, common, knobs, compare_cycle_ms, gloo, horovod, site, mpi_
              trials, warmup, compare_upstream_loop=False):
     """(name, command, extra env) of each launch. Raw MPI rows and Horovod rows are
     separate launches: Horovod's background thread would slow MPI calls beside it."""
-    python = [sys.executable, "-m", "bench.allreduce_worker"]
+    python = [sys.executable, "-m", "ringtrain.bench.allreduce_worker"]
     cores = usable_cores()
     out = []
     for n in np_list:
@@ -135,7 +135,7 @@ def launches(np_list, common, knobs, compare_cycle_ms, gloo, horovod, site, mpi_
                 n, python + ["--impls", "horovod", "--horovod-label", "gloo"] + common, gloo=True,
                 hosts=hosts), knobs))
     ps_host = site.hosts_for(2)[1] if site.across_hosts and len(site.hosts_for(2)) > 1 else "localhost"
-    out.append(("grpc", [sys.executable, "-m", "bench.grpc_exchange", "--sizes", ",".join(map(str, grpc_sizes)),
+    out.append(("grpc", [sys.executable, "-m", "ringtrain.bench.grpc_exchange", "--sizes", ",".join(map(str, grpc_sizes)),
                          "--trials", str(trials), "--warmup", str(warmup), "--ps-host", ps_host], {}))
     return out
 
@@ -245,6 +245,6 @@ def write(result, out_dir):
     text = markdown(result)
     with open(os.path.join(out_dir, "allreduce.md"), "w") as f:
         f.write(text)
-    from bench import plots
+    from ringtrain.bench import plots
     plots.busbw_plot(result, os.path.join(out_dir, "allreduce_busbw.png"))
     return text

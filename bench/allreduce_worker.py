@@ -1,8 +1,8 @@
 """One rank of `ringtrain-bench allreduce`, started by mpirun or horovodrun.
 
-    mpirun -np 2 python -m bench.allreduce_worker --impls mpi4py,ring,memcpy --sizes 4096,1048576 --out rank.json
-    mpirun -np 2 python -m bench.allreduce_worker --impls horovod --sizes 4096,1048576 --out rank.json
-    horovodrun --gloo -np 2 -H localhost:2 python -m bench.allreduce_worker --impls horovod ...
+    mpirun -np 2 python -m ringtrain.bench.allreduce_worker --impls mpi4py,ring,memcpy --sizes 4096,1048576 --out rank.json
+    mpirun -np 2 python -m ringtrain.bench.allreduce_worker --impls horovod --sizes 4096,1048576 --out rank.json
+    horovodrun --gloo -np 2 -H localhost:2 python -m ringtrain.bench.allreduce_worker --impls horovod ...
 
 Every timed number is the slowest rank's mean time per operation over a trial
 of `iters` back-to-back operations, after warm-up operations that are not timed;
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from workloads.summary import interface_bytes
+from ringtrain.workloads.summary import interface_bytes
 
 TRIAL_BYTES = 64 << 20  # bytes moved per trial: enough iterations to swamp timer noise
 MAX_ITERS, MIN_ITERS = 100, 3
@@ -61,7 +61,7 @@ def mpi_runs(comm, nbytes):
     """Raw MPI_Allreduce, the reference ring and the memory-copy bound, on
     buffers allocated once, as a training loop's gradient buffers are."""
     from mpi4py import MPI
-    from bench.ring_reference import ring_allreduce
+    from ringtrain.bench.ring_reference import ring_allreduce
     send = np.ones(nbytes // 4, np.float32)
     recv = np.empty_like(send)
     return {
@@ -79,7 +79,7 @@ class HorovodRuns:
     and eagerly, one Python call per operation, for comparison."""
 
     def __init__(self, label):
-        from workloads.tfenv import import_tensorflow_quietly, set_threads
+        from ringtrain.workloads.tfenv import import_tensorflow_quietly, set_threads
         tf = self.tf = import_tensorflow_quietly()
         set_threads(1)
         import horovod.tensorflow as hvd  # (the launch sets the MPI environment ringtrain trains with)
@@ -161,7 +161,7 @@ def measure(impls, sizes, trials, warmup, grad_shapes, label, mpi_label="mpi4py"
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m bench.allreduce_worker")
+    p = argparse.ArgumentParser(prog="python -m ringtrain.bench.allreduce_worker")
     p.add_argument("--impls", required=True, help="comma list of mpi4py,ring,memcpy; or horovod")
     p.add_argument("--horovod-label", default="mpi", help="row name suffix: mpi or gloo")
     p.add_argument("--mpi-label", default="mpi4py", help="row name of the raw MPI_Allreduce rows")

@@ -6,11 +6,11 @@ import os
 import sys
 import time
 
-from workloads.catalog import MODEL_SPECS
-from workloads.errors import UsageError, run_cli
-from workloads.flags import OneLineParser, finite_float, non_negative_float, positive_float, positive_int
-from workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS, knob_env
-from workloads.outputs import check_outputs
+from ringtrain.workloads.catalog import MODEL_SPECS
+from ringtrain.workloads.errors import UsageError, run_cli
+from ringtrain.workloads.flags import OneLineParser, finite_float, non_negative_float, positive_float, positive_int
+from ringtrain.workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS, knob_env
+from ringtrain.workloads.outputs import check_outputs
 
 EXAMPLES = """examples:
   ringtrain-bench allreduce --np 2 --sizes 4K..256M --out bench/results
@@ -52,7 +52,7 @@ def choice_list(choices, what):
 
 
 def mode_list(text):
-    from bench.scaling import MODES
+    from ringtrain.bench.scaling import MODES
     return choice_list(MODES, "mode(s)")(text)
 
 
@@ -65,7 +65,7 @@ def ps_list(text):
 
 
 def rate_list(text):
-    from multihost.simcluster import RATE
+    from ringtrain.multihost.simcluster import RATE
     values = [t.strip() for t in text.split(",") if t.strip()]
     bad = [v for v in values if not RATE.match(v)]
     if bad or not values:
@@ -172,7 +172,7 @@ def add_scaling_flags(p, modes_default):
 
 def add_tradeoff_flags(p, steps, data, simulate):
     """The flags `straggler` and `convergence` share: the four modes of bench/sync_modes.py."""
-    from bench.sync_modes import MODES
+    from ringtrain.bench.sync_modes import MODES
     g = p.add_argument_group("sync against async")
     g.add_argument("--modes", type=choice_list(MODES, "mode(s)"), default=list(MODES), metavar="M[,M...]",
                    help="of ring, ps-sync (K = W), ps-sync-backup (W + 1 workers, K = W), ps-async "
@@ -264,14 +264,14 @@ def horovod_env(args):
 def check_site(args):
     """One line for a bad combination, before anything starts."""
     if getattr(args, "hostfile", None):
-        from multihost.hostfile import fill, read_hostfile
+        from ringtrain.multihost.hostfile import fill, read_hostfile
         fill(read_hostfile(args.hostfile), max(args.np), f"hostfile {args.hostfile}")
     if getattr(args, "cluster", None):
         if max(args.np) > args.cluster:
             raise UsageError(f"--np {max(args.np)} needs at least that many hosts: --cluster {max(args.np)}")
         if len(args.time_dilation) not in (1, len(args.link_rate)):
             raise UsageError("--time-dilation takes one factor, or one per --link-rate")
-        from multihost.simcluster import check_can_build
+        from ringtrain.multihost.simcluster import check_can_build
         check_can_build()
     elif getattr(args, "link_rate", ["1gbit"]) != ["1gbit"] or getattr(args, "time_dilation", [1.0]) != [1.0]:
         raise UsageError("--link-rate and --time-dilation shape a simulated cluster: add --cluster H")
@@ -285,7 +285,7 @@ def links(args):
 @contextlib.contextmanager
 def single_site(args, log):
     """This machine, a hostfile's hosts, or one simulated cluster at the first link rate."""
-    from bench import sites
+    from ringtrain.bench import sites
     if getattr(args, "cluster", None):
         rate, dilation = links(args)[0]
         with sites.simulated(args.cluster, rate, dilation, log=log) as site:
@@ -297,11 +297,11 @@ def single_site(args, log):
 
 
 def scaling_config(args):
-    from workloads.catalog import model_spec
+    from ringtrain.workloads.catalog import model_spec
     model_spec(args.model)
     if args.scaling == "strong" and not args.global_batch:
         raise UsageError("--scaling strong needs --global-batch G (split over N workers)")
-    from workloads.catalog import simulated_step_ms
+    from ringtrain.workloads.catalog import simulated_step_ms
     if any(k != 1 for k in getattr(args, "time_dilation", [1.0])) and \
             not simulated_step_ms(args.model, args.simulate_gpu):
         raise UsageError("--time-dilation slows the simulated accelerator with the links: add --simulate-gpu MS "
@@ -321,7 +321,7 @@ def scaling_config(args):
 
 def tradeoff_config(args):
     """The trainers' settings for `straggler` and `convergence`, checked."""
-    from workloads.catalog import model_spec
+    from ringtrain.workloads.catalog import model_spec
     model_spec(args.model)
     if args.steps <= args.warmup_steps:
         raise UsageError(f"--steps {args.steps} leaves no step to time after {args.warmup_steps} warm-up "
@@ -335,8 +335,8 @@ def tradeoff_config(args):
             raise UsageError(f"--straggler-rank {args.straggler_rank}: use 0..{args.np - 1} (one of the --np workers)")
         cfg.update(factors=sorted(set([1.0] + args.factors)), rank=args.straggler_rank, every=args.every)
     else:
-        from workloads.catalog import simulated_step_ms
-        from workloads.straggler import check, parse
+        from ringtrain.workloads.catalog import simulated_step_ms
+        from ringtrain.workloads.straggler import check, parse
         if simulated_step_ms(args.model, cfg["simulate_gpu_ms"]):
             raise UsageError("convergence needs a model that learns: drop --simulate-gpu (resnet50 and vgg16 "
                              "are simulated only)")
@@ -352,7 +352,7 @@ def tradeoff_config(args):
 
 
 def run_tradeoff(args, log):
-    from bench import convergence, straggler
+    from ringtrain.bench import convergence, straggler
     module = straggler if args.command == "straggler" else convergence
     result = module.run(tradeoff_config(args), args.out, log=log)
     print(module.markdown(result), flush=True)
@@ -360,8 +360,8 @@ def run_tradeoff(args, log):
 
 
 def run_allreduce(args, np_list, log):
-    from bench import allreduce, tables
-    from workloads.catalog import model_spec
+    from ringtrain.bench import allreduce, tables
+    from ringtrain.workloads.catalog import model_spec
     model_spec(args.model)
     sizes = tables.parse_sizes(args.sizes)
     with single_site(args, log) as site:
@@ -375,7 +375,7 @@ def run_allreduce(args, np_list, log):
 
 
 def run_scaling(args, log):
-    from bench import scaling, scaling_report
+    from ringtrain.bench import scaling, scaling_report
     cfg = scaling_config(args)
     if getattr(args, "cluster", None):
         rates, dilations = zip(*links(args))

@@ -12,9 +12,9 @@ the whole test split afterwards, and deletes its weights.
 import os
 import time
 
-from bench import plots, sync_modes, tables
-from bench.environment import describe
-from workloads import snapshots
+from ringtrain.bench import plots, sync_modes, tables
+from ringtrain.bench.environment import describe
+from ringtrain.workloads import snapshots
 
 COLUMNS = [("mode", "mode"), ("workers", "workers (K)"), ("time", "seconds to target"),
            ("launch", "from launch"), ("samples", "samples to target"), ("final", "final accuracy"),
@@ -54,9 +54,9 @@ def run(cfg, out_dir, log=print):
 def evaluator(cfg):
     """accuracy(weights by name) on the whole test split, in this process."""
     import tensorflow as tf
-    from workloads import data, models
-    from workloads.catalog import MODEL_SPECS
-    from workloads.evaluation import evaluate
+    from ringtrain.workloads import data, models
+    from ringtrain.workloads.catalog import MODEL_SPECS
+    from ringtrain.workloads.evaluation import evaluate
     dataset = data.load(cfg["data"], cfg.get("data_dir"), MODEL_SPECS[cfg["model"]].image_shape)
     model = models.build(cfg["model"], seed=0)
     by_name = {v.name[:-2] if v.name.endswith(":0") else v.name: v for v in model.variables}

@@ -14,7 +14,7 @@ def _version(module):
 
 
 def _mpirun_version():
-    from bench.launch import tool
+    from ringtrain.bench.launch import tool
     try:
         out = subprocess.run([tool("mpirun"), "--version"], capture_output=True, text=True, timeout=20)
         return out.stdout.splitlines()[0].strip()
@@ -52,7 +52,7 @@ def describe(threads_per_worker=None, hostfile=None, with_tensorflow=False):
         "knobs": {k: v for k, v in os.environ.items() if k.startswith(("HOROVOD_", "OMPI_MCA_"))},
     }
     if with_tensorflow:
-        from workloads.tfenv import import_tensorflow_quietly
+        from ringtrain.workloads.tfenv import import_tensorflow_quietly
         tf = import_tensorflow_quietly()
         env["tensorflow"] = tf.__version__
         env["gpus"] = len(tf.config.list_physical_devices("GPU"))

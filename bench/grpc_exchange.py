@@ -2,7 +2,7 @@
 gradient into a variable on a PS task and pulls S bytes of weights back,
 over TF's gRPC, as one synchronous PS step does per worker and PS shard.
 
-    python -m bench.grpc_exchange --sizes 4096,1048576 --trials 5 --out rows.json
+    python -m ringtrain.bench.grpc_exchange --sizes 4096,1048576 --trials 5 --out rows.json
 
 Starts its own PS task (a TF gRPC server in a child process, on a free port)
 and a worker server in this process; the PS child is ended by PID on exit.
@@ -15,22 +15,22 @@ import socket
 import sys
 import time
 
-from bench.allreduce_worker import iterations, row
-from multihost import procs
-from multihost.net import free_ports, is_listening, wait_for
-from workloads.summary import interface_bytes
+from ringtrain.bench.allreduce_worker import iterations, row
+from ringtrain.multihost import procs
+from ringtrain.multihost.net import free_ports, is_listening, wait_for
+from ringtrain.workloads.summary import interface_bytes
 
 
 def serve(cluster, threads):
     """The PS task: a gRPC server and nothing else, as the seeds' ps job."""
-    from workloads.tfenv import import_tensorflow_quietly, session_config
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly, session_config
     tf = import_tensorflow_quietly()
     tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="ps", task_index=0,
                          config=session_config(tf, threads)).join()
 
 
 def measure(cluster, sizes, trials, warmup, threads):
-    from workloads.tfenv import import_tensorflow_quietly, session_config
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly, session_config
     tf = import_tensorflow_quietly()
     tf1 = tf.compat.v1
     tf1.disable_eager_execution()
@@ -79,7 +79,7 @@ def wait_until_serving(ps, address, timeout=120):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m bench.grpc_exchange")
+    p = argparse.ArgumentParser(prog="python -m ringtrain.bench.grpc_exchange")
     p.add_argument("--sizes", required=True, help="comma list of byte counts")
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--warmup", type=int, default=3)
@@ -94,7 +94,7 @@ def main(argv=None):
     here = "localhost" if args.ps_host == "localhost" else socket.gethostname()
     cluster = {"ps": [f"{args.ps_host}:{procs.free_ports_on(args.ps_host, 1)[0]}"],
                "worker": [f"{here}:{free_ports(1, host='')[0]}"]}
-    ps = procs.Process([sys.executable, "-m", "bench.grpc_exchange", "--serve", json.dumps(cluster),
+    ps = procs.Process([sys.executable, "-m", "ringtrain.bench.grpc_exchange", "--serve", json.dumps(cluster),
                         "--threads", str(args.threads), "--sizes", "0", "--out", os.devnull],
                        host=args.ps_host, cwd=os.getcwd())
     try:

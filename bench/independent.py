@@ -1,6 +1,6 @@
 """N single-rank trainers at once, with no launcher and nothing exchanged:
 
-    python -m bench.independent --np 2 --summary-json S.json -- ringtrain --model mnist_cnn ...
+    python -m ringtrain.bench.independent --np 2 --summary-json S.json -- ringtrain --model mnist_cnn ...
 
 The machine's own ceiling for N worker processes: what any N-worker mode
 could reach if communication cost nothing. The trainers start their timed
@@ -12,8 +12,8 @@ import json
 import os
 import sys
 
-from multihost import procs
-from workloads.summary import emit, measured_throughput
+from ringtrain.multihost import procs
+from ringtrain.workloads.summary import emit, measured_throughput
 
 
 def combine(summaries):
@@ -40,7 +40,7 @@ def combine(summaries):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m bench.independent")
+    p = argparse.ArgumentParser(prog="python -m ringtrain.bench.independent")
     p.add_argument("--np", type=int, required=True)
     p.add_argument("--summary-json", required=True)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the trainer and its flags")

@@ -5,8 +5,8 @@ import os
 import shutil
 import sys
 
-from multihost import procs
-from workloads.errors import UsageError
+from ringtrain.multihost import procs
+from ringtrain.workloads.errors import UsageError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,7 +7,7 @@ Each rank sends 2(N-1)/N of the buffer in total, whatever N is: the reason
 the ring's bus bandwidth does not fall as ranks are added.
 
     from mpi4py import MPI
-    from bench.ring_reference import ring_allreduce
+    from ringtrain.bench.ring_reference import ring_allreduce
     total = ring_allreduce(MPI.COMM_WORLD, np.arange(10.0))   # == MPI_Allreduce(SUM)
 """
 import numpy as np
@@ -128,7 +128,7 @@ def check_against_mpi(comm, sizes=(0, 1, 2, 3, 5, 7, 64, 1000, 12345), seed=0):
 
 
 if __name__ == "__main__":
-    # mpirun -np N python -m bench.ring_reference   (exit 0: equal to MPI_Allreduce)
+    # mpirun -np N python -m ringtrain.bench.ring_reference   (exit 0: equal to MPI_Allreduce)
     import sys
     world = MPI.COMM_WORLD
     problems = check_against_mpi(world)

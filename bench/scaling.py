@@ -7,11 +7,11 @@ import json
 import os
 import sys
 
-from bench import allreduce, launch, sites, tables
-from bench.environment import describe, usable_cores
-from bench.scaling_report import write, write_links
-from bench.scaling_rows import RING_MODES, build, per_worker_batch
-from workloads.catalog import simulated_step_ms
+from ringtrain.bench import allreduce, launch, sites, tables
+from ringtrain.bench.environment import describe, usable_cores
+from ringtrain.bench.scaling_report import write, write_links
+from ringtrain.bench.scaling_rows import RING_MODES, build, per_worker_batch
+from ringtrain.workloads.catalog import simulated_step_ms
 
 MODES = ("ring", "ring-upstream", "ring-gloo", "ps-sync", "ps-async", "ps-ingraph", "towers", "independent")
 ONE_MACHINE_MODES = ("independent", "towers")  # one process or no exchange: never across hosts
@@ -64,7 +64,7 @@ def command(mode, workers, num_ps, cfg, batch, summary, site, workdir):
     """The launcher command for one configuration, as an argument list."""
     train = training_flags(cfg, batch, site)
     if mode == "independent":  # the machine's ceiling: N single-rank trainers, no launcher
-        return [sys.executable, "-m", "bench.independent", "--np", str(workers),
+        return [sys.executable, "-m", "ringtrain.bench.independent", "--np", str(workers),
                 "--summary-json", summary, "--", launch.tool("ringtrain")] + train
     train += ["--summary-json", summary]
     if mode == "towers":  # one process, a tower per (logical) device

@@ -4,8 +4,8 @@ targets checked against what was measured. Columns: bench/COLUMNS.md."""
 import json
 import os
 
-from bench import plots, tables
-from workloads.summary import dumps
+from ringtrain.bench import plots, tables
+from ringtrain.workloads.summary import dumps
 
 COLUMNS = [
     ("mode", "mode"), ("algorithm", "algorithm"), ("n", "N (PS)"), ("hosts", "hosts"), ("link", "link"),
@@ -259,7 +259,7 @@ def link_results(out_dir):
                 result = json.load(f)
             if (result.get("site") or {}).get("link_rate"):
                 results.append(result)
-    from multihost.simcluster import rate_bits_per_sec
+    from ringtrain.multihost.simcluster import rate_bits_per_sec
     return sorted(results, key=lambda r: (rate_bits_per_sec(r["site"]["link_rate"]), r["site"].get("dilation", 1)))
 
 

@@ -7,8 +7,8 @@ time is divided by K and every rate multiplied by K: the rows speak of the
 emulated cluster."""
 import statistics
 
-from bench import stats
-from bench.environment import describe, usable_cores
+from ringtrain.bench import stats
+from ringtrain.bench.environment import describe, usable_cores
 
 # mpirun (MPI controller; ring-upstream with Horovod's upstream background loop) and horovodrun --gloo
 RING_MODES = ("ring", "ring-upstream", "ring-gloo")

@@ -13,7 +13,7 @@ import contextlib
 import os
 from dataclasses import dataclass, field
 
-from multihost import hostfile, simcluster
+from ringtrain.multihost import hostfile, simcluster
 
 BENCH_CLUSTER = "rtbench"
 

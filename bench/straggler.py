@@ -15,9 +15,9 @@ ratio is (W + r) / (W + 1), whatever the straggler's gradients are worth.
 """
 import os
 
-from bench import plots, sync_modes, tables
-from bench.environment import describe
-from bench.scaling_report import target_table
+from ringtrain.bench import plots, sync_modes, tables
+from ringtrain.bench.environment import describe
+from ringtrain.bench.scaling_report import target_table
 
 COLUMNS = [("mode", "mode"), ("workers", "workers (K)"), ("factor", "straggler"),
            ("applied", "applied img/s"), ("ratio", "of no straggler"), ("model", "model"),

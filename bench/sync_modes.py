@@ -9,7 +9,7 @@ set side by side, as the seeds weigh sync against async:
 
 All run through their real launchers, on this machine, with one PS task.
 """
-from bench import scaling
+from ringtrain.bench import scaling
 
 MODES = ("ring", "ps-sync", "ps-sync-backup", "ps-async")
 # The same optimizer on the same global batch in every mode: ring's default

@@ -44,7 +44,7 @@ def human_bytes(n):
 
 def parse_size(text):
     """'4K' -> 4096, '256M' -> 268435456, '4800000' -> 4800000."""
-    from workloads.errors import UsageError
+    from ringtrain.workloads.errors import UsageError
     t = text.strip().upper().rstrip("B")
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
     try:
@@ -58,7 +58,7 @@ def parse_size(text):
 
 def parse_sizes(text, factor=4):
     """'4K..256M' -> 4K, 16K, ... 256M (x factor); '1M,4M' -> a list."""
-    from workloads.errors import UsageError
+    from ringtrain.workloads.errors import UsageError
     if ".." in text:
         lo, hi = (parse_size(t) for t in text.split("..", 1))
         if hi < lo:
@@ -73,7 +73,7 @@ def parse_sizes(text, factor=4):
 
 def write_report(out_dir, stem, text, csv_keys, result):
     """OUT/STEM.md (text), .csv (result's rows, csv_keys) and .json (all of result)."""
-    from workloads.summary import dumps
+    from ringtrain.workloads.summary import dumps
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
         f.write(text)

@@ -5,9 +5,9 @@ import argparse
 import os
 import sys
 
-from multihost import simcluster
-from workloads.errors import UsageError, run_cli
-from workloads.flags import OneLineParser
+from ringtrain.multihost import simcluster
+from ringtrain.workloads.errors import UsageError, run_cli
+from ringtrain.workloads.flags import OneLineParser
 
 EXAMPLES = """examples (as root):
   ringtrain-cluster up --hosts 3 --link-rate 1gbit

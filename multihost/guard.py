@@ -1,7 +1,7 @@
 """The remote end of a process started over ssh: ties the command's life to
 the ssh connection, so that no process outlives the job on any host.
 
-    ssh HOST python -m multihost.guard --cwd DIR --env K=V -- CMD ARGS...
+    ssh HOST python -m ringtrain.multihost.guard --cwd DIR --env K=V -- CMD ARGS...
 
 It runs CMD in a process group of its own and watches its own stdin, which
 is the ssh channel: when that closes (the launcher stopped the task, died, or
@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from multihost.procs import dies_with_parent
+from ringtrain.multihost.procs import dies_with_parent
 
 GRACE_SEC = 5.0
 
@@ -44,7 +44,7 @@ def _group_alive(pgid):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m multihost.guard")
+    p = argparse.ArgumentParser(prog="python -m ringtrain.multihost.guard")
     p.add_argument("--cwd")
     p.add_argument("--env", action="append", default=[], metavar="K=V")
     p.add_argument("command", nargs=argparse.REMAINDER)

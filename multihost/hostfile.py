@@ -5,8 +5,8 @@ import os
 import socket
 from dataclasses import dataclass
 
-from multihost.procs import HOST_NAME
-from workloads.errors import UsageError
+from ringtrain.multihost.procs import HOST_NAME
+from ringtrain.workloads.errors import UsageError
 
 
 @dataclass

@@ -58,12 +58,12 @@ def wait_for(predicate, timeout, poll=0.25):
 
 
 def main(argv=None):
-    """`python -m multihost.net free-ports N`: N free ports on this host, one
+    """`python -m ringtrain.multihost.net free-ports N`: N free ports on this host, one
     line; how a launcher picks ports on another host (over ssh)."""
     import sys
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] != "free-ports" or not argv[1].isdigit():
-        sys.stderr.write("usage: python -m multihost.net free-ports N\n")
+        sys.stderr.write("usage: python -m ringtrain.multihost.net free-ports N\n")
         return 2
     print(" ".join(map(str, free_ports(int(argv[1]), host=""))))
     return 0

@@ -20,8 +20,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from multihost.net import free_ports, is_local_host
-from workloads.errors import UsageError
+from ringtrain.multihost.net import free_ports, is_local_host
+from ringtrain.workloads.errors import UsageError
 
 STOP_GRACE_SEC = 5.0  # SIGTERM, then SIGKILL after this long
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
@@ -41,7 +41,7 @@ def ssh_argv(host, argv, cwd=None, env=None):
     """The ssh command that runs `argv` on `host` under multihost.guard, in
     `cwd`, with `env` added. The hosts must share this Python's install path
     (a shared home or the same image), as mpirun and horovodrun also expect."""
-    inner = [sys.executable, "-m", "multihost.guard"]
+    inner = [sys.executable, "-m", "ringtrain.multihost.guard"]
     if cwd:
         inner += ["--cwd", cwd]
     for name, value in (env or {}).items():
@@ -204,7 +204,7 @@ def free_ports_on(host, count):
     """`count` free ports on `host`: asked of the host itself, over ssh for another one."""
     if not host or is_local_host(host):
         return free_ports(count)
-    done = run([sys.executable, "-m", "multihost.net", "free-ports", str(count)], host=host, timeout=60)
+    done = run([sys.executable, "-m", "ringtrain.multihost.net", "free-ports", str(count)], host=host, timeout=60)
     if done.returncode != 0 or done.timed_out:
         reason = (done.stderr.strip().splitlines() or ["timed out"])[-1]
         raise UsageError(f"cannot start tasks on {host}: {reason}; check that `ssh {host} true` "

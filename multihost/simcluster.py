@@ -27,7 +27,7 @@ import time
 import zlib
 from dataclasses import asdict, dataclass, field
 
-from workloads.errors import UsageError
+from ringtrain.workloads.errors import UsageError
 
 STATE_ROOT = "/run/ringtrain-cluster"
 PRIVSEP_DIR = "/run/sshd"

@@ -4,11 +4,11 @@ import argparse
 import os
 import sys
 
-from ps_baseline.cluster import check_port_free, check_task, make_cluster
-from ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode
-from workloads.errors import UsageError, run_cli
-from workloads.outputs import check_outputs
-from workloads.flags import OneLineParser, add_training_flags, load_training_data
+from ringtrain.ps_baseline.cluster import check_port_free, check_task, make_cluster
+from ringtrain.ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode
+from ringtrain.workloads.errors import UsageError, run_cli
+from ringtrain.workloads.outputs import check_outputs
+from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data
 
 SEED_HOSTS = "--ps_hosts=localhost:2222,localhost:2223 --worker_hosts=localhost:2224,localhost:2225"
 
@@ -62,12 +62,12 @@ def run_task(argv):
         (args.replication == "between-graph" or args.task_index == 0)
     dataset = load_training_data(args) if trains else None  # numpy: bad paths fail before TF loads
 
-    from workloads.tfenv import import_tensorflow_quietly, set_threads
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly, set_threads
     tf = import_tensorflow_quietly()
-    from ps_baseline import servers
+    from ringtrain.ps_baseline import servers
     log = lambda msg: print(msg, flush=True)
     if args.api == "tf2":
-        from ps_baseline import worker_tf2
+        from ringtrain.ps_baseline import worker_tf2
         if trains:
             return worker_tf2.train(args, cluster, dataset)
         return worker_tf2.serve(tf, cluster, args.job_name, args.task_index, args.threads, log)
@@ -80,19 +80,19 @@ def run_task(argv):
         client = ("the in-graph client (worker 0)", cluster.worker[0]) if in_graph else None
         return servers.serve(tf, server, args.job_name, args.task_index, args.threads, log, watch=client)
     if in_graph:
-        from ps_baseline import worker_ingraph
+        from ringtrain.ps_baseline import worker_ingraph
         return worker_ingraph.train(args, cluster, dataset)
-    from ps_baseline import worker_v1
+    from ringtrain.ps_baseline import worker_v1
     return worker_v1.train(args, cluster, dataset)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "launch":
-        from ps_baseline import launcher
+        from ringtrain.ps_baseline import launcher
         return run_cli(f"{PROG} launch", launcher.main, argv[1:])
     if argv and argv[0] == "towers":
-        from ps_baseline import towers
+        from ringtrain.ps_baseline import towers
         return run_cli(f"{PROG} towers", towers.main, argv[1:])
     return run_cli(PROG, run_task, argv)
 

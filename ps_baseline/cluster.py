@@ -4,8 +4,8 @@ second with one line instead of a gRPC server that waits forever."""
 import socket
 from dataclasses import dataclass, field
 
-from multihost.net import is_local_host
-from workloads.errors import UsageError
+from ringtrain.multihost.net import is_local_host
+from ringtrain.workloads.errors import UsageError
 
 JOBS = ("ps", "worker", "chief")
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "0.0.0.0", "::1", "[::1]", ""}

@@ -14,8 +14,8 @@ import math
 import os
 import re
 
-from workloads.checkpoints import error_reason, failed_save
-from workloads.errors import TrainingStopped, UsageError
+from ringtrain.workloads.checkpoints import error_reason, failed_save
+from ringtrain.workloads.errors import TrainingStopped, UsageError
 
 RESUME = "restart the cluster with the same --checkpoint-dir"
 

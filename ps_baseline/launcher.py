@@ -19,14 +19,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from multihost import hostfile, procs
-from multihost.private_net import PrivateNetwork
-from ps_baseline.options import EXPOSURE_SAID_ENV, NO_RESTARTS_ENV, PROG, add_mode_flags, check_mode
-from workloads.console import Console
-from workloads.errors import UsageError
-from workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
-from workloads.outputs import check_outputs
-from workloads.summary import FULL_SUMMARY_LINE_ENV
+from ringtrain.multihost import hostfile, procs
+from ringtrain.multihost.private_net import PrivateNetwork
+from ringtrain.ps_baseline.options import EXPOSURE_SAID_ENV, NO_RESTARTS_ENV, PROG, add_mode_flags, check_mode
+from ringtrain.workloads.console import Console
+from ringtrain.workloads.errors import UsageError
+from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
+from ringtrain.workloads.outputs import check_outputs
+from ringtrain.workloads.summary import FULL_SUMMARY_LINE_ENV
 
 WORKERS_GRACE_SEC = 60  # after the chief is done, time for the others to finish
 MAX_RESTARTS = 3        # --restart-workers: per worker, so that a worker that always dies does not loop
@@ -155,7 +155,7 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
     running = {}
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     def start(task):
-        argv_ = [sys.executable, "-m", "ps_baseline", *cluster_words, f"--job_name={task.job}",
+        argv_ = [sys.executable, "-m", "ringtrain.ps_baseline", *cluster_words, f"--job_name={task.job}",
                  f"--task_index={task.index}", *words]
         env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", EXPOSURE_SAID_ENV: "1"}
         if task is chief:

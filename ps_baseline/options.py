@@ -2,9 +2,9 @@
 `ps-baseline launch` share, and their checks: one place for both."""
 import argparse
 
-from workloads.errors import UsageError
-from workloads.flags import non_negative_float, positive_float, positive_int
-from workloads.straggler import check as check_straggler
+from ringtrain.workloads.errors import UsageError
+from ringtrain.workloads.flags import non_negative_float, positive_float, positive_int
+from ringtrain.workloads.straggler import check as check_straggler
 
 PROG = "ps-baseline"
 PLACEMENTS = ("round_robin", "greedy", "partitioned")  # see ps_baseline/placement.py

@@ -5,10 +5,10 @@ import socket
 import sys
 import threading
 
-from multihost.net import is_listening, wait_for
-from ps_baseline.options import PROG
-from workloads.errors import UsageError, first_line
-from workloads.tfenv import session_config
+from ringtrain.multihost.net import is_listening, wait_for
+from ringtrain.ps_baseline.options import PROG
+from ringtrain.workloads.errors import UsageError, first_line
+from ringtrain.workloads.tfenv import session_config
 
 WATCH_INTERVAL_SEC = 2.0
 WATCH_MISSES = 2  # consecutive failed connects before a peer counts as dead

@@ -10,18 +10,18 @@ import time
 
 import numpy as np
 
-from workloads.checkpoints import Checkpoints, Progress
-from workloads.console import Console
-from workloads.errors import UsageError
-from workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
-from workloads.optimizers import keras_optimizer
-from workloads.outputs import check_outputs, parent_made
-from workloads.sharding import steps_per_epoch
-from workloads.snapshots import Snapshots
-from workloads.straggler import check as check_straggler
-from workloads.straggler import summary_fields
-from workloads.summary import StepTimer, build_summary
-from workloads.tfenv import import_tensorflow_quietly
+from ringtrain.workloads.checkpoints import Checkpoints, Progress
+from ringtrain.workloads.console import Console
+from ringtrain.workloads.errors import UsageError
+from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
+from ringtrain.workloads.optimizers import keras_optimizer
+from ringtrain.workloads.outputs import check_outputs, parent_made
+from ringtrain.workloads.sharding import steps_per_epoch
+from ringtrain.workloads.snapshots import Snapshots
+from ringtrain.workloads.straggler import check as check_straggler
+from ringtrain.workloads.straggler import summary_fields
+from ringtrain.workloads.summary import StepTimer, build_summary
+from ringtrain.workloads.tfenv import import_tensorflow_quietly
 
 PROG = "ps-baseline towers"
 
@@ -57,8 +57,8 @@ def main(argv):
     check_outputs(args)
     dataset = load_training_data(args)  # numpy: bad input fails before TF loads
     tf = import_tensorflow_quietly()
-    from workloads import models, pipeline  # (these import TF)
-    from workloads.evaluation import Evaluation, evaluate
+    from ringtrain.workloads import models, pipeline  # (these import TF)
+    from ringtrain.workloads.evaluation import Evaluation, evaluate
     k = args.towers
     check_straggler(args.straggler, k, "tower")
     if args.threads:
@@ -126,8 +126,8 @@ def main(argv):
 
 
 def make_train_step(tf, model, optimizer, devices):
-    from workloads import models
-    from workloads.straggler import wait_after
+    from ringtrain.workloads import models
+    from ringtrain.workloads.straggler import wait_after
     k = len(devices)
 
     @tf.function

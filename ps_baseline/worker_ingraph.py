@@ -15,18 +15,18 @@ import functools
 import time
 from dataclasses import dataclass
 
-from ps_baseline import placement, servers
-from ps_baseline.options import PROG
-from ps_baseline.worker_v1 import Feeds, open_session
-from workloads import models
-from workloads.console import Console
-from workloads.evaluation import Evaluation, evaluate
-from workloads.optimizers import v1_optimizer
-from workloads.sharding import epoch_shard, steps_per_epoch
-from workloads.snapshots import Snapshots
-from workloads.straggler import summary_fields, wait_after
-from workloads.summary import StepTimer, build_summary
-from workloads.tfenv import import_tensorflow_quietly, session_config, set_threads
+from ringtrain.ps_baseline import placement, servers
+from ringtrain.ps_baseline.options import PROG
+from ringtrain.ps_baseline.worker_v1 import Feeds, open_session
+from ringtrain.workloads import models
+from ringtrain.workloads.console import Console
+from ringtrain.workloads.evaluation import Evaluation, evaluate
+from ringtrain.workloads.optimizers import v1_optimizer
+from ringtrain.workloads.sharding import epoch_shard, steps_per_epoch
+from ringtrain.workloads.snapshots import Snapshots
+from ringtrain.workloads.straggler import summary_fields, wait_after
+from ringtrain.workloads.summary import StepTimer, build_summary
+from ringtrain.workloads.tfenv import import_tensorflow_quietly, session_config, set_threads
 
 CLIENT = 0  # the worker task that builds the graph and drives training
 

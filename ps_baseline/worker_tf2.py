@@ -9,15 +9,15 @@ distribution adds are marked `# PS:`.
 import threading
 import time
 
-from ps_baseline import reports, servers
-from workloads import models, pipeline
-from workloads.console import Console
-from workloads.evaluation import Evaluation, evaluate
-from workloads.optimizers import keras_optimizer
-from workloads.sharding import steps_per_epoch
-from workloads.straggler import summary_fields, wait_after
-from workloads.summary import StepTimer, build_summary
-from workloads.tfenv import import_tensorflow_quietly
+from ringtrain.ps_baseline import reports, servers
+from ringtrain.workloads import models, pipeline
+from ringtrain.workloads.console import Console
+from ringtrain.workloads.evaluation import Evaluation, evaluate
+from ringtrain.workloads.optimizers import keras_optimizer
+from ringtrain.workloads.sharding import steps_per_epoch
+from ringtrain.workloads.straggler import summary_fields, wait_after
+from ringtrain.workloads.summary import StepTimer, build_summary
+from ringtrain.workloads.tfenv import import_tensorflow_quietly
 
 
 def inter_op_threads(threads):

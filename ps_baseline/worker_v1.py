@@ -14,21 +14,21 @@ import threading
 import time
 from dataclasses import dataclass
 
-from multihost.net import wait_for
-from ps_baseline import heartbeats, placement, reports, servers
-from ps_baseline.failures import checkpoint_failures, newest_readable_checkpoint, non_finite_loss_hook
-from ps_baseline.options import NO_RESTARTS_ENV, PROG
-from workloads import models
-from workloads.console import Console
-from workloads.errors import UsageError
-from workloads.evaluation import Evaluation, evaluate
-from workloads.optimizers import v1_optimizer
-from workloads.pipeline import as_float
-from workloads.sharding import epoch_shard, steps_per_epoch
-from workloads.snapshots import Snapshots
-from workloads.straggler import Slowdown, summary_fields
-from workloads.summary import StepTimer, build_summary
-from workloads.tfenv import import_tensorflow_quietly, session_config, set_threads
+from ringtrain.multihost.net import wait_for
+from ringtrain.ps_baseline import heartbeats, placement, reports, servers
+from ringtrain.ps_baseline.failures import checkpoint_failures, newest_readable_checkpoint, non_finite_loss_hook
+from ringtrain.ps_baseline.options import NO_RESTARTS_ENV, PROG
+from ringtrain.workloads import models
+from ringtrain.workloads.console import Console
+from ringtrain.workloads.errors import UsageError
+from ringtrain.workloads.evaluation import Evaluation, evaluate
+from ringtrain.workloads.optimizers import v1_optimizer
+from ringtrain.workloads.pipeline import as_float
+from ringtrain.workloads.sharding import epoch_shard, steps_per_epoch
+from ringtrain.workloads.snapshots import Snapshots
+from ringtrain.workloads.straggler import Slowdown, summary_fields
+from ringtrain.workloads.summary import StepTimer, build_summary
+from ringtrain.workloads.tfenv import import_tensorflow_quietly, session_config, set_threads
 
 BOOKKEEPING = "ps_baseline"  # name scope of variables that are not the model's
 

@@ -1,9 +1,9 @@
 """What rank 0 alone does during a run: the console, TensorBoard scalars and
 checkpoints. On every other rank each call does nothing, so the training loop
 calls them unconditionally and stays linear."""
-from workloads import checkpoints
-from workloads.snapshots import Snapshots
-from workloads.console import Console
+from ringtrain.workloads import checkpoints
+from ringtrain.workloads.snapshots import Snapshots
+from ringtrain.workloads.console import Console
 
 
 class Chief:

@@ -2,10 +2,10 @@
 import os
 import sys
 
-from workloads import flags
-from workloads.errors import TrainingStopped, UsageError, launched_rank, run_cli
-from workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
-from workloads.outputs import check_outputs
+from ringtrain.workloads import flags
+from ringtrain.workloads.errors import TrainingStopped, UsageError, launched_rank, run_cli
+from ringtrain.workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
+from ringtrain.workloads.outputs import check_outputs
 
 EXAMPLES = """examples:
   horovodrun -np 2 ringtrain --model mnist_cnn --epochs 5
@@ -101,7 +101,7 @@ def _main(argv):
     # Data and flags are checked before TensorFlow loads: bad input fails in
     # well under a second, on every rank alike, so no rank waits on another.
     dataset = flags.load_training_data(args)
-    from workloads.tfenv import import_tensorflow_quietly
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly
     import_tensorflow_quietly()
     if args.elastic:
         from ringtrain.elastic import train

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 
-from workloads.tfenv import import_tensorflow_quietly
+from ringtrain.workloads.tfenv import import_tensorflow_quietly
 
 FIX_INSTALL = "run `make install` in the ringtrain checkout"
 
@@ -108,7 +108,7 @@ def hardware(report, tf):
 
 def open_doors(report):
     """Where the servers of ringtrain's modes would be reachable from (README: Security)."""
-    from multihost.private_net import available
+    from ringtrain.multihost.private_net import available
     ok, why_not = available()
     report.line("ps-baseline launch", "its TF gRPC servers (unauthenticated) run in a private network namespace "
                 "with loopback only" if ok else f"WARNING: its TF gRPC servers (unauthenticated) listen on every "
@@ -122,9 +122,9 @@ def hostfile_check(report, path, ranks):
     """What mpirun and horovodrun would trip on, each said in one line here
     (their own messages run to dozens): the file, names that do not resolve,
     too few slots, hosts that ssh cannot reach or that lack this install."""
-    from multihost import hostfile, procs
-    from multihost.net import is_local_host
-    from workloads.errors import UsageError
+    from ringtrain.multihost import hostfile, procs
+    from ringtrain.multihost.net import is_local_host
+    from ringtrain.workloads.errors import UsageError
     try:
         hosts = hostfile.read_hostfile(path)
         if ranks:
@@ -149,7 +149,7 @@ def hostfile_check(report, path, ranks):
 
 
 def parser():
-    from workloads.flags import OneLineParser, positive_int
+    from ringtrain.workloads.flags import OneLineParser, positive_int
     p = OneLineParser(prog="ringtrain doctor",
                       description="Print versions, Horovod's build, whether mpirun can start 2 ranks, cores and "
                                   "GPUs, and where servers would listen; with --hostfile, check a cluster first. "

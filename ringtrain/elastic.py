@@ -18,13 +18,13 @@ import numpy as np
 from ringtrain import knobs
 from ringtrain.chief import Chief
 from ringtrain.train import LossWindow, build, global_evaluation, make_train_step, non_finite_step
-from workloads import models, pipeline
-from workloads.checkpoints import Progress
-from workloads.evaluation import Evaluation
-from workloads.outputs import parent_made
-from workloads.sharding import steps_per_epoch
-from workloads.summary import StepTimer, build_summary
-from workloads.tfenv import set_threads
+from ringtrain.workloads import models, pipeline
+from ringtrain.workloads.checkpoints import Progress
+from ringtrain.workloads.evaluation import Evaluation
+from ringtrain.workloads.outputs import parent_made
+from ringtrain.workloads.sharding import steps_per_epoch
+from ringtrain.workloads.summary import StepTimer, build_summary
+from ringtrain.workloads.tfenv import set_threads
 
 
 def train(args, dataset):

@@ -1,8 +1,8 @@
 """Horovod's knobs and the learning-rate recipe, mapped from ringtrain's flags."""
 import os
 
-from workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, knob_env, mpi_allreduce_env
-from workloads.outputs import parent_made
+from ringtrain.workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, knob_env, mpi_allreduce_env
+from ringtrain.workloads.outputs import parent_made
 
 
 def apply_before_init(args):

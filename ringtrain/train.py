@@ -11,17 +11,17 @@ import numpy as np
 from ringtrain import knobs
 from ringtrain.chief import Chief
 from ringtrain.stall import StallWatchdog
-from workloads import models, pipeline
-from workloads.errors import TrainingStopped
-from workloads.evaluation import Evaluation, evaluate
-from workloads.horovod_env import allreduce_algorithm_in_effect, horovod_loop_in_effect
-from workloads.optimizers import keras_optimizer
-from workloads.outputs import parent_made
-from workloads.sharding import steps_per_epoch
-from workloads.straggler import Slowdown, summary_fields
-from workloads.straggler import check as check_straggler
-from workloads.summary import StepTimer, build_summary
-from workloads.tfenv import set_threads
+from ringtrain.workloads import models, pipeline
+from ringtrain.workloads.errors import TrainingStopped
+from ringtrain.workloads.evaluation import Evaluation, evaluate
+from ringtrain.workloads.horovod_env import allreduce_algorithm_in_effect, horovod_loop_in_effect
+from ringtrain.workloads.optimizers import keras_optimizer
+from ringtrain.workloads.outputs import parent_made
+from ringtrain.workloads.sharding import steps_per_epoch
+from ringtrain.workloads.straggler import Slowdown, summary_fields
+from ringtrain.workloads.straggler import check as check_straggler
+from ringtrain.workloads.summary import StepTimer, build_summary
+from ringtrain.workloads.tfenv import set_threads
 
 
 def train(args, dataset):

@@ -13,8 +13,8 @@ def cluster():
     use and torn down at the end of the test run; skipped, with the reason,
     where network namespaces cannot be made."""
     import os
-    from multihost import simcluster
-    from workloads.errors import UsageError
+    from ringtrain.multihost import simcluster
+    from ringtrain.workloads.errors import UsageError
     try:
         simcluster.check_can_build()
     except UsageError as e:

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from multihost import procs
-from multihost.net import free_ports
+from ringtrain.multihost import procs
+from ringtrain.multihost.net import free_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)  # the venv's bin: ringtrain, horovodrun, ps-baseline
@@ -44,7 +44,7 @@ def run_ok(cmd, timeout=300, **kw):
 
 def run_bench(args, timeout):
     """`ringtrain-bench ARGS` to a zero exit; its stdout."""
-    from bench.launch import child_env
+    from ringtrain.bench.launch import child_env
     done = run(BENCH + args, timeout=timeout, env=child_env())
     assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     return done.stdout
@@ -145,9 +145,9 @@ def assert_checkpoint_is_one_process_on_the_global_batch(checkpoint_dir, steps, 
     chief's checkpoint equals one process stepping on the workers' batches
     taken together (the global batch)."""
     import tensorflow as tf
-    from workloads import data, models
-    from workloads.pipeline import as_float
-    from workloads.sharding import epoch_shard
+    from ringtrain.workloads import data, models
+    from ringtrain.workloads.pipeline import as_float
+    from ringtrain.workloads.sharding import epoch_shard
 
     dataset = data.load("mnist")
     reference = models.build("mnist_mlp", seed=0)
@@ -174,8 +174,8 @@ def assert_checkpoint_is_one_process_on_the_global_batch(checkpoint_dir, steps, 
 
 # --- PS tasks, one process each, as the seeds start them --------------------------
 
-PS_BASELINE = [sys.executable, "-m", "ps_baseline"]
-BENCH = [sys.executable, "-m", "bench"]
+PS_BASELINE = [sys.executable, "-m", "ringtrain.ps_baseline"]
+BENCH = [sys.executable, "-m", "ringtrain.bench"]
 TINY = ["--model", "mnist_mlp", "--batch-size", "16", "--log-every", "5", *ONE_THREAD]
 
 

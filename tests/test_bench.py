@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from bench import scaling_report, stats, tables
-from bench.launch import child_env
-from bench.scaling_rows import build
+from ringtrain.bench import scaling_report, stats, tables
+from ringtrain.bench.launch import child_env
+from ringtrain.bench.scaling_rows import build
 from helpers import BENCH, assert_one_line_error, run_bench
 
 
@@ -138,7 +138,7 @@ def test_ps_streams_share_the_busiest_link_and_only_remote_bytes_cross_a_wire():
 
 
 def test_wire_bytes_per_step_count_each_host_once_over_its_timed_steps():
-    from bench.scaling_rows import measured_wire_bytes
+    from ringtrain.bench.scaling_rows import measured_wire_bytes
     s = {"step_time_sec": [0.1, 0.1, 0.1],
          "network": [{"host": "h1", "timed_steps": 10, "tx_bytes": 1000, "rx_bytes": 900},
                      {"host": "h1", "timed_steps": 9, "tx_bytes": 990, "rx_bytes": 900},  # same host: counted once
@@ -147,7 +147,7 @@ def test_wire_bytes_per_step_count_each_host_once_over_its_timed_steps():
 
 
 def test_async_wire_bytes_are_per_round_of_one_step_of_each_worker():
-    from bench.scaling_rows import measured_wire_bytes, theory_wire_bytes
+    from ringtrain.bench.scaling_rows import measured_wire_bytes, theory_wire_bytes
     # PS beside the h2 worker, which steps 3x as often as the h1 worker (no wire in its way):
     # per second h1 sends 1 push (100 B), h2 sends 1 pull (100 B), and the workers make 4 steps
     s = {"step_time_sec": [1.0, 1 / 3], "hosts": ["h1", "h2"], "ps_bytes": [100],
@@ -171,7 +171,7 @@ def test_gap_table_compares_ring_with_sync_ps_at_each_n():
 
 
 def test_step_timer_excludes_warmup_and_records_wall_clock_windows():
-    from workloads.summary import StepTimer
+    from ringtrain.workloads.summary import StepTimer
     timer = StepTimer(warmup_steps=2, window_steps=3)
     for _ in range(9):
         timer.step_done(64)
@@ -183,7 +183,7 @@ def test_step_timer_excludes_warmup_and_records_wall_clock_windows():
 
 
 def test_independent_trainers_count_only_the_windows_where_all_ran():
-    from bench.independent import combine
+    from ringtrain.bench.independent import combine
     # one window per second, 100 images each; the second trainer starts 5 s late and,
     # while both run, each does 80 images per second
     first = [[t, t + 1, 100.0 if t < 105 else 80.0] for t in range(100, 110)]
@@ -242,7 +242,7 @@ def test_scaling_writes_table_csv_json_and_plots_with_every_column(tmp_path):
 
 
 def test_every_column_header_is_defined_in_columns_md():
-    from bench import allreduce, convergence, straggler
+    from ringtrain.bench import allreduce, convergence, straggler
     doc = open(os.path.join(os.path.dirname(scaling_report.__file__), "COLUMNS.md")).read()
     for _, header in scaling_report.COLUMNS + allreduce.COLUMNS + straggler.COLUMNS + convergence.COLUMNS:
         assert f"| {header} |" in doc, header
@@ -302,7 +302,7 @@ def test_thread_cpu_is_split_into_horovods_named_thread_and_the_rest():
     import ctypes
     import threading
     import time
-    from workloads import threadcpu
+    from ringtrain.workloads import threadcpu
 
     def busy():  # a thread that names itself as patch 0004 names Horovod's, then spins
         ctypes.CDLL(None).prctl(15, threadcpu.HOROVOD_THREAD.encode(), 0, 0, 0)  # PR_SET_NAME
@@ -347,7 +347,7 @@ def test_loop_targets_compare_the_event_loop_with_upstream_in_the_same_rounds():
 
 
 def test_replication_modes_get_their_own_launch_and_towers_stay_on_one_machine():
-    from bench import scaling, sites
+    from ringtrain.bench import scaling, sites
     cfg = dict(CFG, modes=["ps-ingraph", "towers"], np=[1, 2], num_ps=["1"], data_dir=None)
     here = scaling.configurations(cfg, across_hosts=False)
     assert ("towers", 2, 0) in here and ("ps-ingraph", 2, 1) in here and ("independent", 2, 0) in here

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import (BIN, ONE_THREAD, PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch,
                      assert_one_line_error, assert_same_weights, last_json, run, run_ok, weights)
-from multihost import procs, simcluster
+from ringtrain.multihost import procs, simcluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -111,8 +111,8 @@ def pid_on(cluster, host, match):
 
 
 def task_pid(cluster, host, job):
-    """The PID of a `python -m ps_baseline --job_name=JOB` task on `host` (not its guard)."""
-    return pid_on(cluster, host, lambda argv: argv[1:3] == ["-m", "ps_baseline"] and f"--job_name={job}" in argv)
+    """The PID of a `python -m ringtrain.ps_baseline --job_name=JOB` task on `host` (not its guard)."""
+    return pid_on(cluster, host, lambda argv: argv[1:3] == ["-m", "ringtrain.ps_baseline"] and f"--job_name={job}" in argv)
 
 
 def test_a_task_killed_on_a_remote_host_ends_the_job_naming_it_and_leaves_nothing(cluster, tmp_path):

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from bench.launch import child_env
-from bench.scaling_report import COLUMNS, CSV_KEYS
+from ringtrain.bench.launch import child_env
+from ringtrain.bench.scaling_report import COLUMNS, CSV_KEYS
 from helpers import BENCH, BIN, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

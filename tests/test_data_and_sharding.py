@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from datafiles import write_cifar10, write_mnist_idx, write_mnist_npz
-from workloads import data
-from workloads.errors import UsageError
-from workloads.sharding import epoch_shard, steps_per_epoch
+from ringtrain.workloads import data
+from ringtrain.workloads.errors import UsageError
+from ringtrain.workloads.sharding import epoch_shard, steps_per_epoch
 
 
 @pytest.mark.parametrize("n,size,batch", [(4000, 2, 32), (101, 2, 8), (10, 3, 4), (7, 4, 1),

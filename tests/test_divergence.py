@@ -57,7 +57,7 @@ def test_on_nan_skip_goes_on_and_its_summary_is_strict_json(tmp_path):
 
 
 def test_strict_json_writes_null_for_nan_and_infinities():
-    from workloads.summary import dumps
+    from ringtrain.workloads.summary import dumps
     text = dumps({"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -float("inf")}})
     assert strict_json(text) == {"a": None, "b": [1.5, None], "c": {"d": None}}
 

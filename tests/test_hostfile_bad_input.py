@@ -4,7 +4,7 @@ any host."""
 
 import pytest
 
-from bench.launch import child_env
+from ringtrain.bench.launch import child_env
 from helpers import BENCH, PS_BASELINE, TINY, assert_one_line_error
 
 

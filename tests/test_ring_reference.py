@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from bench.launch import child_env, mpirun
-from bench.ring_reference import chunk_bounds
+from ringtrain.bench.launch import child_env, mpirun
+from ringtrain.bench.ring_reference import chunk_bounds
 from helpers import run
 
 
@@ -24,7 +24,7 @@ def test_chunks_cover_the_buffer_once_and_differ_by_at_most_one(count, size):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_ring_allreduce_equals_mpi_allreduce(ranks):
-    cmd = mpirun(ranks, [sys.executable, "-m", "bench.ring_reference"], cores=os.cpu_count() or 1)
+    cmd = mpirun(ranks, [sys.executable, "-m", "ringtrain.bench.ring_reference"], cores=os.cpu_count() or 1)
     done = run(cmd, timeout=100, env=child_env())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"ring_allreduce == MPI_Allreduce on {ranks} ranks" in done.stdout

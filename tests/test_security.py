@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from helpers import ONE_THREAD, PS_BASELINE, Tasks
-from multihost.private_net import PREFIX, PrivateNetwork
-from ps_baseline.launcher import exposure
+from ringtrain.multihost.private_net import PREFIX, PrivateNetwork
+from ringtrain.ps_baseline.launcher import exposure
 
 
 def listening_ports(netns=None):

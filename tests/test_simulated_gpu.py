@@ -7,7 +7,7 @@ import time
 import pytest
 
 from helpers import ONE_THREAD, PS_BASELINE, assert_same_weights, horovodrun, last_json, run_ok, weights
-from workloads import profiles
+from ringtrain.workloads import profiles
 
 
 def test_profiles_have_the_published_parameter_counts():
@@ -17,9 +17,9 @@ def test_profiles_have_the_published_parameter_counts():
 
 
 def test_a_simulated_step_waits_without_using_the_cpu_and_gradients_keep_their_shapes():
-    from workloads.tfenv import import_tensorflow_quietly
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly
     tf = import_tensorflow_quietly()
-    from workloads import models
+    from ringtrain.workloads import models
     model = models.build("mnist_cnn", simulate_gpu_ms=120)
     real_shapes = [list(s) for s in models.gradient_shapes("mnist_cnn")]
     images, labels = tf.random.uniform([8, 28, 28, 1]), tf.zeros([8], tf.int32)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from helpers import ONE_THREAD, PS_BASELINE, assert_one_line_error, last_json, run_bench, run_ok
-from workloads import snapshots
-from workloads.straggler import Straggler, parse
+from ringtrain.workloads import snapshots
+from ringtrain.workloads.straggler import Straggler, parse
 
 SIMULATED = ["--model", "mnist_mlp", "--simulate-gpu", "30", "--batch-size", "16", "--warmup-steps", "4",
              "--log-every", "10", *ONE_THREAD]
@@ -67,7 +67,7 @@ def test_snapshots_keep_weights_seconds_and_samples_off_the_training_clock(tmp_p
 
 
 def test_step_time_percentiles_and_the_update_rate_come_from_timed_steps_only():
-    from workloads.summary import StepTimer
+    from ringtrain.workloads.summary import StepTimer
     timer = StepTimer(warmup_steps=2, window_steps=3)
     for update in range(1, 9):
         timer.step_done(8.0, update=update * 2)
@@ -78,7 +78,7 @@ def test_step_time_percentiles_and_the_update_rate_come_from_timed_steps_only():
 
 
 def test_async_staleness_is_a_histogram_with_percentiles():
-    from ps_baseline.reports import Staleness, WorkerReport, staleness_fields
+    from ringtrain.ps_baseline.reports import Staleness, WorkerReport, staleness_fields
     a, b = Staleness(), Staleness()
     for read, applied in [(0, 1), (1, 3), (3, 7)]:  # staleness 0, 1, 3
         a.add(read, applied)
@@ -171,7 +171,7 @@ def test_a_straggler_slows_the_other_replication_modes_too(mode, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_convergence_on_a_tiny_budget_writes_every_column_and_both_plots(tmp_path):
-    from bench import convergence
+    from ringtrain.bench import convergence
     out = run_bench(["convergence", "--np", "2", "--modes", "ring,ps-sync,ps-async", "--model", "mnist_mlp",
                  "--steps", "20", "--snapshot-every", "5", "--target", "0.5", "--out", str(tmp_path)], 400)
     result = json.loads((tmp_path / "convergence.json").read_text())

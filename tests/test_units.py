@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from ps_baseline import launcher
-from ps_baseline.reports import Staleness, WorkerReport, staleness_fields
-from workloads.checkpoints import Progress
+from ringtrain.ps_baseline import launcher
+from ringtrain.ps_baseline.reports import Staleness, WorkerReport, staleness_fields
+from ringtrain.workloads.checkpoints import Progress
 from ringtrain.knobs import learning_rate_schedule
-from workloads.console import Console, human_summary
-from workloads.evaluation import Evaluation
-from workloads.summary import build_summary
+from ringtrain.workloads.console import Console, human_summary
+from ringtrain.workloads.evaluation import Evaluation
+from ringtrain.workloads.summary import build_summary
 
 
 # --- resume positions -----------------------------------------------------------
@@ -66,7 +66,7 @@ def test_launcher_hands_tasks_the_users_own_words_less_its_own():
 
 
 def test_launcher_fills_worker_slots_host_by_host_and_spreads_ps_from_the_second_host():
-    from multihost.hostfile import Host
+    from ringtrain.multihost.hostfile import Host
     hosts = [Host("h1", 2), Host("h2", 2), Host("h3", 1)]
     tasks = {t.name: t.host for t in launcher.place(3, 4, False, hosts, "hf")}
     assert [tasks[f"worker{i}"] for i in range(4)] == ["h1", "h1", "h2", "h2"]
@@ -126,7 +126,7 @@ def test_console_draws_a_bar_in_place_on_a_terminal_and_lines_otherwise():
 
 def test_ssh_command_line_quotes_every_word_and_takes_only_host_names():
     import shlex
-    from multihost import procs
+    from ringtrain.multihost import procs
     argv = ["python", "-c", "print(1)", "$(reboot)", "a;b", "it's"]
     ssh = procs.ssh_argv("h2", argv, cwd="/tmp/with space")
     assert ssh[ssh.index("--") + 1] == "h2"  # the host is one word, after --
@@ -138,7 +138,7 @@ def test_ssh_command_line_quotes_every_word_and_takes_only_host_names():
 
 
 def test_hostfile_lines_are_read_as_openmpi_does(tmp_path):
-    from multihost.hostfile import Host, fill, read_hostfile
+    from ringtrain.multihost.hostfile import Host, fill, read_hostfile
     path = tmp_path / "hosts"
     path.write_text("# the cluster\nlocalhost slots=2 max_slots=4\n\n127.0.0.1   # one slot by default\n"
                     "localhost slots=1\n")
@@ -155,8 +155,8 @@ def test_hostfile_lines_are_read_as_openmpi_does(tmp_path):
     ("# nothing\n", "names no host"),
 ])
 def test_a_bad_hostfile_is_one_error_naming_the_line_and_the_fix(tmp_path, text, expected):
-    from multihost.hostfile import read_hostfile
-    from workloads.errors import UsageError
+    from ringtrain.multihost.hostfile import read_hostfile
+    from ringtrain.workloads.errors import UsageError
     path = tmp_path / "hosts"
     path.write_text(text)
     with pytest.raises(UsageError, match=None) as caught:
@@ -165,7 +165,7 @@ def test_a_bad_hostfile_is_one_error_naming_the_line_and_the_fix(tmp_path, text,
 
 
 def test_too_few_slots_says_how_many_there_are_and_are_needed():
-    from multihost.hostfile import Host, fill
-    from workloads.errors import UsageError
+    from ringtrain.multihost.hostfile import Host, fill
+    from ringtrain.workloads.errors import UsageError
     with pytest.raises(UsageError, match=r"has 2 slot\(s\) \(h1 slots=1, h2 slots=1\) but 3 are needed"):
         fill([Host("h1", 1), Host("h2", 1)], 3, "hf")

@@ -2,7 +2,7 @@
 flags fail in well under a second with one line."""
 from dataclasses import dataclass
 
-from workloads.errors import UsageError
+from ringtrain.workloads.errors import UsageError
 
 
 @dataclass(frozen=True)

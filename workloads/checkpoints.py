@@ -15,7 +15,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 
-from workloads.errors import TrainingStopped, UsageError, first_line
+from ringtrain.workloads.errors import TrainingStopped, UsageError, first_line
 
 
 @dataclass

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from workloads.summary import FULL_SUMMARY_LINE_ENV, emit
+from ringtrain.workloads.summary import FULL_SUMMARY_LINE_ENV, emit
 
 BAR_WIDTH = 24
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workloads.errors import UsageError
+from ringtrain.workloads.errors import UsageError
 
 DATASETS = ("mnist", "cifar10", "synthetic")
 EMBEDDED_TEST_FRACTION = 0.2

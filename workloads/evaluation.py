@@ -2,8 +2,8 @@
 summed loss over a rank's share of the test split, batch by batch."""
 from dataclasses import dataclass
 
-from workloads.pipeline import as_float
-from workloads.sharding import eval_shard
+from ringtrain.workloads.pipeline import as_float
+from ringtrain.workloads.sharding import eval_shard
 
 EVAL_BATCH = 256
 

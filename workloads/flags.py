@@ -4,10 +4,10 @@ import argparse
 import math
 import sys
 
-from workloads import data, straggler
-from workloads.catalog import MODEL_SPECS, check_compatible
-from workloads.data import DATASETS
-from workloads.errors import UsageError
+from ringtrain.workloads import data, straggler
+from ringtrain.workloads.catalog import MODEL_SPECS, check_compatible
+from ringtrain.workloads.data import DATASETS
+from ringtrain.workloads.errors import UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -13,9 +13,9 @@ tf.Variable.
 import numpy as np
 import tensorflow as tf
 
-from workloads.catalog import MODEL_SPECS, model_spec, simulated_step_ms
-from workloads.profiles import PROFILES
-from workloads.simulated import SimulatedModel, layers_of
+from ringtrain.workloads.catalog import MODEL_SPECS, model_spec, simulated_step_ms
+from ringtrain.workloads.profiles import PROFILES
+from ringtrain.workloads.simulated import SimulatedModel, layers_of
 
 NUM_CLASSES = 10
 BN_MOMENTUM, BN_EPSILON = 0.9, 1e-3

@@ -3,7 +3,7 @@ hour and then die at its first save because a folder is read-only, sits under
 a file, or cannot be made. One line names the flag, the path and the fix."""
 import os
 
-from workloads.errors import UsageError
+from ringtrain.workloads.errors import UsageError
 
 # args attributes that name output directories, and output files
 DIRS = ("checkpoint_dir", "log_dir", "out", "snapshot_dir")

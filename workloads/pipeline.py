@@ -2,7 +2,7 @@
 import numpy as np
 import tensorflow as tf
 
-from workloads.sharding import epoch_shard
+from ringtrain.workloads.sharding import epoch_shard
 
 
 def _to_float(images):

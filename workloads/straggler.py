@@ -16,7 +16,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from workloads.errors import UsageError
+from ringtrain.workloads.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def wait_after(tf, values, started, extra):
     they are ready. `started` is a tf.timestamp() that the compute depends on;
     `extra` a float tensor (0: no wait). Returns (the values, the seconds
     waited). The wait uses no CPU and runs on the caller's device scope."""
-    from workloads.simulated import wait
+    from ringtrain.workloads.simulated import wait
     with tf.control_dependencies(values):
         seconds = (tf.timestamp() - started) * tf.cast(extra, tf.float64)
     waited = wait(seconds, seconds)

@@ -11,7 +11,7 @@ import socket
 import sys
 import time
 
-from workloads import threadcpu
+from ringtrain.workloads import threadcpu
 
 # Set by a launcher that reads a task's summary from its output: the printed
 # line then holds everything, per-window rates included.

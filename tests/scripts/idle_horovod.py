@@ -9,7 +9,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import horovod.tensorflow as hvd  # noqa: E402
 
-from workloads import threadcpu  # noqa: E402
+from ringtrain.workloads import threadcpu  # noqa: E402
 
 hvd.init()
 hvd.allreduce(hvd.mpi_ops.tf.ones([4])).numpy()  # one real round first: the loop is up and has worked
