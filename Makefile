@@ -7,7 +7,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 NP ?= 2
 
-.PHONY: install install-gpu run test test-quick bench bench-cluster bench-sync doctor clean
+.PHONY: install install-gpu run test test-quick docs bench bench-cluster bench-sync doctor clean
 
 install:
 	bash scripts/install.sh
@@ -19,10 +19,12 @@ install-gpu:
 run: install
 	horovodrun -np $(NP) ringtrain --model mnist_cnn --epochs 5 --threads 1
 
-test: install
+# (TEST_TOOLS: also Debian's headless Chromium, which renders the bench's HTML report in a test)
+test:
+	TEST_TOOLS=1 bash scripts/install.sh
 	python -m pytest tests
 
-# The fast subset (no launchers, no cluster): under a minute, for quick edits.
+# The fast subset (no launcher, no training, no cluster): under a minute, for quick edits.
 test-quick: install
 	python -m pytest -m "not slow" tests
 
@@ -47,6 +49,10 @@ bench-cluster: install
 bench-sync: install
 	ringtrain-bench straggler --np 2 --factors 1,1.5,3 --repeats 3 --out bench/results/sync
 	ringtrain-bench convergence --np 2 --target 0.97 --repeats 3 --out bench/results/sync
+
+# This documentation as a static site, offline, into site/
+docs: install
+	mkdocs build --strict
 
 doctor: install
 	ringtrain doctor

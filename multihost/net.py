@@ -29,6 +29,23 @@ def is_listening(address, timeout=1.0):
         return False
 
 
+# HTTP/2's connection preface and an empty SETTINGS frame: what a gRPC client sends first.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def grpc_answers(address, timeout=3.0):
+    """Whether a gRPC server at 'host:port' answers, not just accepts: a frozen
+    process's kernel still completes the TCP handshake, but only a running
+    server sends its HTTP/2 SETTINGS back."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as conn:
+            conn.sendall(HTTP2_PREFACE)
+            return len(conn.recv(9)) > 0
+    except OSError:
+        return False
+
+
 def is_local_host(host):
     """Whether `host` names this machine: it resolves to an address that a
     socket here can bind (a loopback address or one of our interfaces)."""

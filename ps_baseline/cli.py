@@ -1,11 +1,13 @@
 """`ps-baseline`: TensorFlow's own parameter-server training, one process per
-task as in the seeds, or a whole cluster with `ps-baseline launch`."""
+task as the classic distributed-TensorFlow tutorials start it, or a whole
+cluster with `ps-baseline launch`."""
 import argparse
 import os
 import sys
 
 from ringtrain.ps_baseline.cluster import check_port_free, check_task, make_cluster
-from ringtrain.ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode
+from ringtrain.ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode, ps_config
+from ringtrain.workloads import config as run_config
 from ringtrain.workloads.errors import UsageError, run_cli
 from ringtrain.workloads.outputs import check_outputs
 from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data
@@ -13,7 +15,7 @@ from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_tr
 SEED_HOSTS = "--ps_hosts=localhost:2222,localhost:2223 --worker_hosts=localhost:2224,localhost:2225"
 
 TASK_EXAMPLE = f"""\
-examples (the seeds' four terminals; add --is_sync=True or --sync for sync):
+examples (the classic tutorials' four terminals; add --is_sync=True or --sync for sync):
   {PROG} {SEED_HOSTS} --job_name=ps --task_index=0
   {PROG} {SEED_HOSTS} --job_name=ps --task_index=1
   {PROG} {SEED_HOSTS} --job_name=worker --task_index=0
@@ -27,10 +29,11 @@ One process, one tower per device: {PROG} towers --help
 
 def task_parser():
     parser = OneLineParser(
-        prog=PROG, description="One task of TensorFlow's parameter-server training (the seeds' "
-        "distributed MNIST): PS tasks serve variables, workers train with between-graph replication.",
+        prog=PROG, description="One task of TensorFlow's parameter-server training, as the classic "
+        "distributed-TensorFlow tutorials run their MNIST: PS tasks serve variables, workers train with "
+        "between-graph replication.",
         epilog=TASK_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = parser.add_argument_group("cluster (the seeds' flags)")
+    g = parser.add_argument_group("cluster (the classic tutorials' flags)")
     g.add_argument("--ps_hosts", required=True, metavar="H:P,...", help="comma-separated PS host:port list")
     g.add_argument("--worker_hosts", required=True, metavar="H:P,...",
                    help="comma-separated worker host:port list; worker 0 is the chief")
@@ -62,18 +65,22 @@ def run_task(argv):
         (args.replication == "between-graph" or args.task_index == 0)
     dataset = load_training_data(args) if trains else None  # numpy: bad paths fail before TF loads
 
+    from ringtrain.workloads.devices import local_index, pin_gpu
     from ringtrain.workloads.tfenv import import_tensorflow_quietly, set_threads
     tf = import_tensorflow_quietly()
     from ringtrain.ps_baseline import servers
+    config, ps = run_config.from_args(args), ps_config(args)
     log = lambda msg: print(msg, flush=True)
     if args.api == "tf2":
         from ringtrain.ps_baseline import worker_tf2
         if trains:
-            return worker_tf2.train(args, cluster, dataset)
+            return worker_tf2.train(config, ps, cluster, dataset)
         return worker_tf2.serve(tf, cluster, args.job_name, args.task_index, args.threads, log)
-    set_threads(args.threads)
     in_graph = args.replication == "in-graph"
     if args.job_name == "ps" or (in_graph and args.task_index != 0):
+        set_threads(args.threads)
+        # A PS task computes on no GPU; an in-graph tower worker on its place among its host's workers.
+        pin_gpu(local_index(cluster.worker, args.task_index) if args.job_name == "worker" else None)
         # PS tasks serve variables; in in-graph replication, workers other than the
         # client serve their tower and stop with the client.
         server = servers.start_server(tf, cluster, args.job_name, args.task_index, args.threads)
@@ -81,9 +88,9 @@ def run_task(argv):
         return servers.serve(tf, server, args.job_name, args.task_index, args.threads, log, watch=client)
     if in_graph:
         from ringtrain.ps_baseline import worker_ingraph
-        return worker_ingraph.train(args, cluster, dataset)
+        return worker_ingraph.train(config, ps, cluster, dataset)
     from ringtrain.ps_baseline import worker_v1
-    return worker_v1.train(args, cluster, dataset)
+    return worker_v1.train(config, ps, cluster, args.task_index, dataset)
 
 
 def main(argv=None):

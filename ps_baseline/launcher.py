@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -23,7 +24,7 @@ from ringtrain.multihost import hostfile, procs
 from ringtrain.multihost.private_net import PrivateNetwork
 from ringtrain.ps_baseline.options import EXPOSURE_SAID_ENV, NO_RESTARTS_ENV, PROG, add_mode_flags, check_mode
 from ringtrain.workloads.console import Console
-from ringtrain.workloads.errors import UsageError
+from ringtrain.workloads.errors import EXIT_STOPPED, UsageError
 from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
 from ringtrain.workloads.outputs import check_outputs
 from ringtrain.workloads.summary import FULL_SUMMARY_LINE_ENV
@@ -151,7 +152,7 @@ def exposure(net, across_hosts):
 def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, net):
     tf2 = args.api == "tf2"
     words = task_words(argv)
-    output = TaskOutput(across_hosts=args.hostfile is not None, chief=chief.name)
+    output = TaskOutput(across_hosts=args.hostfile is not None, chief=chief.name, console=console)
     running = {}
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     def start(task):
@@ -184,6 +185,8 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
         where = f" on {failed.host}" if args.hostfile else ""
         sys.stderr.write(f"{PROG} launch: {failed.name}{where} {failed.describe_exit()}; stopped every "
                          f"task{' on every host' if args.hostfile else ''}\n")
+        if failed.returncode == EXIT_STOPPED:  # training stopped on purpose, and the task said why
+            return EXIT_STOPPED
         code = chief_process.returncode
         return code if code is not None and code > 0 else 1
     if chief_process.returncode != 0:
@@ -199,10 +202,13 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
 
 class TaskOutput:
     """Every task's lines on our stdout, prefixed with [task] or [host task];
-    the chief's JSON summary is kept, not shown (we print our own)."""
+    the chief's JSON summary is kept, not shown (we print our own). On a
+    terminal, the chief's progress lines become the progress bar, drawn here:
+    a task's own output is a pipe to us."""
+    PROGRESS = re.compile(r"\bstep (\d+)/(\d+)\b")
 
-    def __init__(self, across_hosts, chief):
-        self.across_hosts, self.chief = across_hosts, chief
+    def __init__(self, across_hosts, chief, console):
+        self.across_hosts, self.chief, self.console = across_hosts, chief, console
         self.summary = None
         self._lock = threading.Lock()
 
@@ -214,9 +220,12 @@ class TaskOutput:
             except ValueError:
                 pass
         tag = f"{process.host} {process.name}" if self.across_hosts else process.name
+        progress = self.PROGRESS.search(line) if self.console.bar and process.name == self.chief else None
         with self._lock:
-            sys.stdout.write(f"[{tag}] {line}")
-            sys.stdout.flush()
+            if progress:
+                self.console.progress(int(progress.group(1)), int(progress.group(2)), f"[{tag}] {line.strip()}")
+            else:
+                self.console.line(f"[{tag}] {line.rstrip(chr(10))}")
 
 
 def _raise_interrupt(signum, frame):
@@ -252,6 +261,8 @@ class WorkerLosses:
     def survive(self, process):
         task = self.workers.get(process.name)
         if task is None or self.tf2_or_in_graph:  # PS tasks, the chief; and modes built on every worker
+            return False
+        if process.returncode == EXIT_STOPPED:  # it stopped the training on purpose, and said why
             return False
         died = f"{PROG} launch: {process.name}{' on ' + task.host if self.args.hostfile else ''} " \
                f"{process.describe_exit()}"

@@ -1,9 +1,10 @@
 """The PS-mode flags that a task (`ps-baseline --job_name ...`) and
 `ps-baseline launch` share, and their checks: one place for both."""
 import argparse
+from dataclasses import dataclass
 
 from ringtrain.workloads.errors import UsageError
-from ringtrain.workloads.flags import non_negative_float, positive_float, positive_int
+from ringtrain.workloads.flags import positive_float, positive_int
 from ringtrain.workloads.straggler import check as check_straggler
 
 PROG = "ps-baseline"
@@ -27,9 +28,10 @@ def parse_bool(text):
 def add_mode_flags(parser):
     g = parser.add_argument_group("parameter-server mode")
     g.add_argument("--sync", action="store_true",
-                   help="synchronous training with SyncReplicasOptimizer (default: async, as the seeds)")
+                   help="synchronous training with SyncReplicasOptimizer (default: async, as in the classic "
+                        "distributed-TensorFlow tutorials)")
     g.add_argument("--is_sync", type=parse_bool, nargs="?", const=True, dest="sync", metavar="BOOL",
-                   help="the seeds' spelling of --sync: --is_sync=True")
+                   help="the classic tutorials' spelling of --sync: --is_sync=True")
     g.add_argument("--replicas-to-aggregate", type=positive_int, metavar="K",
                    help="sync: gradients per update (default: all workers); K below the worker "
                         "count leaves backup workers, so one slow or dead worker does not stall training")
@@ -38,7 +40,7 @@ def add_mode_flags(parser):
                         "in-graph: worker 0 alone builds one graph with a tower on every worker task "
                         "and feeds them all (synchronous; the other workers only serve)")
     g.add_argument("--api", choices=("v1", "tf2"), default="v1",
-                   help="v1: the seeds' between-graph replication (default); tf2: "
+                   help="v1: TF1's between-graph replication, in tf.compat.v1 graph mode (default); tf2: "
                         "tf.distribute.ParameterServerStrategy + ClusterCoordinator (async only)")
     g.add_argument("--placement", choices=PLACEMENTS, default="round_robin",
                    help="variables over PS tasks: round_robin (replica_device_setter's default), "
@@ -47,15 +49,9 @@ def add_mode_flags(parser):
                    help="partitioned: split variables of at least N bytes (default %(default)s)")
     g.add_argument("--show-placement", action="store_true",
                    help="print each variable's PS and the bytes per PS before training")
-    g.add_argument("--checkpoint-every", type=positive_int, metavar="K",
-                   help="chief: checkpoint every K global steps (default: every 600 s and at the end)")
     g.add_argument("--startup-timeout", type=positive_float, default=60.0, metavar="SEC",
                    help="give up if a PS (or the chief's initialisation) is not there after SEC "
                         "seconds (default %(default)g)")
-    g.add_argument("--stall-timeout", type=non_negative_float, default=120.0, metavar="SEC",
-                   help="v1 between-graph: a worker (or the chief, or PS task 0) frozen for SEC seconds is "
-                        "named; sync training that waits for it ends, async training goes on; 0 disables "
-                        "(default %(default)g)")
     g.add_argument("--report-timeout", type=positive_float, default=120.0, metavar="SEC",
                    help="chief: after its own training, wait at most SEC seconds for the other "
                         "workers' reports (default %(default)g)")
@@ -65,7 +61,7 @@ def add_mode_flags(parser):
 def check_mode(args, num_workers):
     if args.replication == "in-graph":
         if args.api == "tf2":
-            raise UsageError("--replication in-graph is the seeds' tf.compat.v1 graph mode: drop --api tf2")
+            raise UsageError("--replication in-graph is TF1's, in tf.compat.v1 graph mode: drop --api tf2")
         if args.replicas_to_aggregate:
             raise UsageError("--replication in-graph averages every tower each step: "
                              "--replicas-to-aggregate is for between-graph --sync")
@@ -79,7 +75,24 @@ def check_mode(args, num_workers):
     if args.api == "tf2" and args.placement == "greedy":
         raise UsageError("--api tf2 places variables round-robin or partitioned; greedy is v1 only")
     check_straggler(args.straggler, num_workers, "worker task")
-    if args.snapshot_every and args.api == "tf2":
-        raise UsageError("--snapshot-every is for the v1 API (the chief's loop); drop it with --api tf2")
     if args.snapshot_every and args.placement == "partitioned":
         raise UsageError("--snapshot-every saves whole variables: use --placement round_robin or greedy")
+
+
+@dataclass(frozen=True)
+class PSConfig:
+    """PS mode's own flags, for a task."""
+    sync: bool = False
+    replicas_to_aggregate: int = None  # sync: gradients per update (None: every worker)
+    replication: str = "between-graph"
+    api: str = "v1"
+    placement: str = "round_robin"
+    partition_min_bytes: int = 64 * 1024
+    show_placement: bool = False
+    startup_timeout: float = 60.0
+    report_timeout: float = 120.0
+
+
+def ps_config(args):
+    return PSConfig(bool(args.sync), args.replicas_to_aggregate, args.replication, args.api, args.placement,
+                    args.partition_min_bytes, args.show_placement, args.startup_timeout, args.report_timeout)

@@ -1,5 +1,5 @@
-"""Where each variable lives: the three replica_device_setter strategies the
-seeds describe.
+"""Where each variable lives: the three replica_device_setter strategies the classic distributed-TensorFlow tutorials
+describe.
 
 - round_robin: replica_device_setter's default; variable k goes to PS k mod P,
   whatever its size (two PS can end up with all weights on one, all biases

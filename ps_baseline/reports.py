@@ -1,27 +1,5 @@
-"""Each worker's end-of-training report, which the chief gathers for the
-summary (throughput is every worker's own measurement, never the chief's rate
-times N), and the staleness of async updates."""
-import json
-from dataclasses import asdict, dataclass, field
-
-
-@dataclass
-class WorkerReport:
-    task_index: int
-    local_steps: int
-    timer: dict                  # StepTimer.report()
-    loss_sum: float = 0.0        # over the last --log-every steps
-    loss_count: float = 0.0
-    staleness: list = field(default_factory=lambda: [0, 0, 0])  # [sum, count, max]
-    staleness_histogram: dict = field(default_factory=dict)     # {staleness: updates}
-    straggler_wait_sec: float = 0.0                             # --straggler: seconds waited
-
-    def to_json(self):
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text):
-        return cls(**json.loads(text))
+"""The staleness of async PS updates: how many other updates landed
+between a worker's read of the weights and its own update."""
 
 
 class Staleness:
@@ -42,24 +20,18 @@ class Staleness:
 
 
 def staleness_fields(reports):
-    """Async summary fields: mean and max staleness over every reported update."""
-    total = sum(r.staleness[0] for r in reports)
-    count = sum(r.staleness[1] for r in reports)
+    """Async summary fields from the workers' reports (each with `staleness`,
+    [sum, count, max], and `staleness_histogram`): mean, max, p50, p99 and
+    the histogram over every reported update."""
+    from ringtrain.workloads.numbers import histogram_percentile
+    total = sum(r["staleness"][0] for r in reports)
+    count = sum(r["staleness"][1] for r in reports)
     histogram = {}
     for r in reports:
-        for stale, n in r.staleness_histogram.items():
+        for stale, n in r.get("staleness_histogram", {}).items():
             histogram[int(stale)] = histogram.get(int(stale), 0) + n
     return {"staleness_mean": total / count if count else 0.0,
-            "staleness_max": max((r.staleness[2] for r in reports), default=0),
-            "staleness_p50": _percentile(histogram, 50), "staleness_p99": _percentile(histogram, 99),
+            "staleness_max": max((r["staleness"][2] for r in reports), default=0),
+            "staleness_p50": histogram_percentile(histogram, 50),
+            "staleness_p99": histogram_percentile(histogram, 99),
             "staleness_histogram": {str(k): histogram[k] for k in sorted(histogram)}}
-
-
-def _percentile(histogram, q):
-    """Nearest-rank percentile of {value: count}; None if empty."""
-    total, seen = sum(histogram.values()), 0
-    for value in sorted(histogram):
-        seen += histogram[value]
-        if seen >= q / 100 * total:
-            return value
-    return None

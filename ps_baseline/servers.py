@@ -1,17 +1,13 @@
-"""The TF gRPC servers, the PS task's life, and the watchdog that turns a
-vanished PS or chief into a clear error instead of a silent hang."""
-import os
+"""The TF gRPC servers, and the life of a task that only serves (a PS task,
+an in-graph tower worker): it serves until the chief says training is over,
+or ends with one line when the client it serves is gone."""
 import socket
-import sys
 import threading
 
 from ringtrain.multihost.net import is_listening, wait_for
 from ringtrain.ps_baseline.options import PROG
 from ringtrain.workloads.errors import UsageError, first_line
 from ringtrain.workloads.tfenv import session_config
-
-WATCH_INTERVAL_SEC = 2.0
-WATCH_MISSES = 2  # consecutive failed connects before a peer counts as dead
 
 
 def start_server(tf, cluster, job_name, task_index, threads, inter_op_threads=None):
@@ -36,60 +32,27 @@ def shutdown_queue(tf, job, task_index):
 
 def serve(tf, server, job, task_index, threads, log, watch=None):
     """Serve (variables on a PS task, a tower on an in-graph worker) until the
-    chief says training is over, or forever, as server.join() in the seeds, if
-    it never does. `watch`: (who, address) of a client whose death ends this
-    task with one line."""
+    chief says training is over, or forever, as server.join() in the classic
+    tutorials, if it never does. `watch`: (who, address) of a client whose
+    death ends this task with one line."""
+    from ringtrain.workloads.loop import Alone
+    from ringtrain.workloads.stall import StallWatchdog
     graph = tf.Graph()
     with graph.as_default():
         wait_for_shutdown = shutdown_queue(tf, job, task_index).dequeue()
     config = session_config(tf, threads, [f"/job:{job}/task:{task_index}"])
     sess = tf.compat.v1.Session(server.target, graph=graph, config=config)
     log(f"{job} task {task_index} serving at {server.target}")
-    watchdog = Watchdog(PROG, [watch], "Restart the cluster to resume from the last checkpoint.") if watch else None
-    if watchdog:
-        watchdog.start()
+    watchdog = StallWatchdog(Alone(), 0, PROG, servers=[watch] if watch else [],
+                             advice="restart the cluster with --resume to go on from the last checkpoint").start()
     # The blocking dequeue runs in a thread, so that Ctrl-C still reaches Python.
     waiter = threading.Thread(target=sess.run, args=(wait_for_shutdown,), daemon=True)
     waiter.start()
     while waiter.is_alive():
         waiter.join(0.5)
-    if watchdog:
-        watchdog.stop()
+    watchdog.close()
     log(f"{job} task {task_index}: training is over, shutting down")
     return 0
-
-
-class Watchdog(threading.Thread):
-    """Polls peers' ports; if one stops answering, says which and exits 3.
-
-    TF would otherwise retry a dead PS for a long time (MonitoredTrainingSession
-    recovers from UnavailableError by recreating its session, forever)."""
-
-    def __init__(self, prog, peers, advice):
-        super().__init__(daemon=True)
-        self.prog, self.peers, self.advice = prog, peers, advice  # peers: [(who, address)]
-        self._stop_event = threading.Event()
-
-    def run(self):
-        # A peer counts only once it has answered: a client may start after its servers.
-        # Until every peer has, look often, so a short-lived one is not missed.
-        misses, seen = {address: 0 for _, address in self.peers}, set()
-        while not self._stop_event.wait(WATCH_INTERVAL_SEC if len(seen) == len(misses) else 0.25):
-            for who, address in self.peers:
-                if is_listening(address):
-                    misses[address] = 0
-                    seen.add(address)
-                elif address in seen:
-                    misses[address] += 1
-                if misses[address] >= WATCH_MISSES and not self._stop_event.is_set():
-                    sys.stderr.write(f"{self.prog}: error: {who} at {address} stopped answering; "
-                                     f"training cannot go on. {self.advice}\n")
-                    sys.stderr.flush()
-                    sys.stdout.flush()
-                    os._exit(3)
-
-    def stop(self):
-        self._stop_event.set()
 
 
 def wait_for_tasks(cluster, job, timeout):

@@ -1,27 +1,19 @@
-"""`ps-baseline towers --towers K`: the seeds' single-machine multi-device
-training (TF's cifar10_multi_gpu_train): one process, one tower of the model
-per device, the towers' gradients averaged on the CPU and applied once.
+"""`ps-baseline towers --towers K`: single-machine multi-device training, as
+the classic distributed-TensorFlow tutorials describe it (TF's
+cifar10_multi_gpu_train): one process, one tower of the model per device,
+the towers' gradients averaged on the CPU and applied once.
 
 The K devices are K GPUs where there are that many; otherwise the CPU is split
 into K logical devices, so that the same code path runs on a CPU-only machine.
-Lines that the towers add are marked `# Towers:`.
+Everything else is the shared loop's (workloads/loop.py). Lines that the
+towers add are marked `# Towers:`.
 """
-import time
-
-import numpy as np
-
-from ringtrain.workloads.checkpoints import Checkpoints, Progress
-from ringtrain.workloads.console import Console
-from ringtrain.workloads.errors import UsageError
+from ringtrain.workloads import config as run_config
+from ringtrain.workloads import loop
 from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
-from ringtrain.workloads.optimizers import keras_optimizer
-from ringtrain.workloads.outputs import check_outputs, parent_made
+from ringtrain.workloads.outputs import check_outputs
 from ringtrain.workloads.sharding import steps_per_epoch
-from ringtrain.workloads.snapshots import Snapshots
 from ringtrain.workloads.straggler import check as check_straggler
-from ringtrain.workloads.straggler import summary_fields
-from ringtrain.workloads.summary import StepTimer, build_summary
-from ringtrain.workloads.tfenv import import_tensorflow_quietly
 
 PROG = "ps-baseline towers"
 
@@ -30,11 +22,6 @@ def parser():
     p = OneLineParser(prog=PROG, description="One process, one tower per device (K GPUs, or the CPU split "
                       "into K logical devices): gradients averaged on the CPU, applied once per step.")
     p.add_argument("--towers", type=positive_int, default=2, metavar="K", help="towers (default %(default)s)")
-    p.add_argument("--checkpoint-every", type=positive_int, default=100, metavar="K",
-                   help="checkpoint every K steps and at the end (default %(default)s)")
-    p.add_argument("--keep-checkpoints", type=positive_int, default=3, metavar="K")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir")
-    p.add_argument("--dump-weights", metavar="FILE", help="save the final weights (.npz), as ringtrain does")
     add_training_flags(p)
     return p
 
@@ -52,81 +39,62 @@ def tower_devices(tf, k):
 
 def main(argv):
     args = parser().parse_args(argv)
-    if args.resume and not args.checkpoint_dir:
-        raise UsageError("--resume needs --checkpoint-dir DIR: the folder to resume from")
     check_outputs(args)
     dataset = load_training_data(args)  # numpy: bad input fails before TF loads
-    tf = import_tensorflow_quietly()
-    from ringtrain.workloads import models, pipeline  # (these import TF)
-    from ringtrain.workloads.evaluation import Evaluation, evaluate
-    k = args.towers
-    check_straggler(args.straggler, k, "tower")
-    if args.threads:
+    check_straggler(args.straggler, args.towers, "tower")
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly
+    import_tensorflow_quietly()
+    return train(run_config.from_args(args), args.towers, dataset)
+
+
+def train(config, k, dataset):
+    import tensorflow as tf
+    from ringtrain.workloads import pipeline
+    from ringtrain.workloads.checkpoints import ObjectStore, Progress
+    from ringtrain.workloads.evaluation import metrics_of
+    if config.data.threads:
         # Towers: one pool thread per tower, so the towers compute side by side.
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(args.threads * k)
+        tf.config.threading.set_intra_op_parallelism_threads(config.data.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(config.data.threads * k)
     devices = tower_devices(tf, k)
-    console = Console()
 
     # Towers: the variables, the optimizer and the averaging live on the CPU.
     with tf.device("/device:CPU:0"):
-        model = models.build(args.model, seed=args.seed, dropout=not args.no_dropout,
-                             simulate_gpu_ms=args.simulate_gpu)
-        optimizer = keras_optimizer(args.optimizer, args.lr)
+        model = config.model.build()
+        optimizer = config.optimizer.keras()
         optimizer.build(model.trainable_variables)
-    ckpt = Checkpoints(args.checkpoint_dir, model, optimizer, keep=args.keep_checkpoints)
-    progress = ckpt.restore("latest") if args.resume else Progress()
-    per_epoch = steps_per_epoch(len(dataset.train_labels), k, args.batch_size)
-    step, skip = progress.step, progress.batches_done(k, args.batch_size)
-    total_steps = args.steps or progress.step + (args.epochs - progress.epoch) * per_epoch - skip
-    console.begin(f"{PROG}: {args.model} on {dataset.source}, {k} tower(s) on {', '.join(devices)} x batch "
-                  f"{args.batch_size}, {per_epoch} steps/epoch, steps {step}..{total_steps}")
+    per_epoch = steps_per_epoch(len(dataset.train_labels), k, config.data.batch_size)
+    run = loop.Training(config, loop.Mode("towers", PROG, k, local_workers=tuple(range(k)), worker_word="tower",
+                                          waits_in_graph=True, device=", ".join(devices)), dataset, per_epoch,
+                        store=ObjectStore(config.loop.keep_checkpoints, model=model, optimizer=optimizer))
+    progress = run.resume() or Progress()
+    skip = progress.batches_done(k, config.data.batch_size)
     # Towers: each tower reads its own disjoint shard of every epoch, as a worker would.
-    towers = [pipeline.batches_from(dataset, i, k, args.batch_size, args.seed, progress.epoch, skip, args.threads)
-              for i in range(k)]
+    towers = [pipeline.batches_from(dataset, i, k, config.data.batch_size, config.data.seed, progress.epoch, skip,
+                                    config.data.threads) for i in range(k)]
     train_step = make_train_step(tf, model, optimizer, devices)
-    timer, wall_start = StepTimer(args.warmup_steps), time.perf_counter()
-    snapshots = Snapshots(args.snapshot_dir, args.snapshot_every)
-    window_loss = window_count = seen = 0.0
-    waited = np.zeros(k)  # each tower's --straggler waiting
-    epoch = done = None
-    for step, parts in zip(range(step + 1, total_steps + 1), zip(*towers)):
-        epoch, done = parts[0][0], parts[0][1]
+
+    def step(number, batches, straggler):
         # --straggler: how many times its compute each tower waits after it, this step
-        extra = tf.constant([args.straggler.extra(i, step) if args.straggler else 0.0 for i in range(k)])
-        loss_sum, samples, tower_waits = train_step([batch for _, _, batch in parts], extra)
-        timer.step_done(float(samples))
-        waited, seen = waited + tower_waits.numpy(), seen + float(samples)
-        if snapshots.due(step):
-            snapshots.take(step, seen, lambda: [(v.name, v.numpy()) for v in model.variables])
-        window_loss, window_count = window_loss + float(loss_sum), window_count + float(samples)
-        if step % args.log_every == 0 or step == total_steps:
-            console.progress(step, total_steps, f"epoch {epoch + 1} step {step}/{total_steps} "
-                             f"loss {window_loss / max(window_count, 1):.4f}", window_count)
-            if step < total_steps:
-                window_loss = window_count = 0.0
-        if args.checkpoint_dir and step % args.checkpoint_every == 0:
-            ckpt.save(Progress.at(step, epoch, done, per_epoch, k, args.batch_size))
-    wall_seconds = time.perf_counter() - wall_start
-    if args.checkpoint_dir and epoch is not None:
-        ckpt.save(Progress.at(step, epoch, done, per_epoch, k, args.batch_size))
-    metrics = tf.function(lambda images, labels: models.correct_and_loss_sum(model(images, False), labels),
-                          reduce_retracing=True)
-    evaluation = Evaluation() if models.is_simulated(model) else evaluate(metrics, dataset)
-    summary = build_summary(
-        "towers", args, dataset, world_size=k, steps=step, epochs=step / per_epoch,
-        train_loss=window_loss / window_count if window_count else None, evaluation=evaluation,
-        wall_seconds=wall_seconds, reports=[timer.report()], devices=devices, checkpoint=ckpt.latest,
-        **summary_fields(args.straggler, waited.tolist()),
-        gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables))
-    console.finish(summary, args.summary_json)
-    if args.dump_weights:
-        np.savez(parent_made(args.dump_weights), *[v.numpy() for v in model.variables])
+        loss_sum, samples, applied, broke, waited = train_step(batches, tf.constant(straggler))
+        return loop.StepResult(loss_sum, samples, bool(applied), waited=waited.numpy(),
+                               broke=tuple(int(i) for i in tf.where(broke).numpy().ravel()))
+
+    def together(towers):
+        for parts in zip(*towers):
+            yield parts[0][0], parts[0][1], [batch for _, _, batch in parts]
+
+    run.run(step, together(towers), start=progress, describe=f"{k} tower(s) on {', '.join(devices)} x batch "
+            f"{config.data.batch_size}", metrics=metrics_of(model),
+            read_weights=lambda: [(v.name, v.numpy()) for v in model.variables],
+            fields=lambda reports: dict(devices=devices, gradient_bytes=sum(
+                v.shape.num_elements() * v.dtype.size for v in model.trainable_variables)))
     return 0
 
 
 def make_train_step(tf, model, optimizer, devices):
     from ringtrain.workloads import models
+    from ringtrain.workloads.gradients import apply_if_finite
     from ringtrain.workloads.straggler import wait_after
     k = len(devices)
 
@@ -147,10 +115,11 @@ def make_train_step(tf, model, optimizer, devices):
             loss_sums.append(loss_sum)
             counts.append(tf.reduce_sum(weights))
             waits.append(waited)
-        # Towers: the mean gradient, on the CPU, applied once.
+        # Towers: the mean gradient, on the CPU, applied once (if finite).
         with tf.device("/device:CPU:0"):
             mean = [tf.add_n(list(per_var)) / k for per_var in zip(*grads)]
-            optimizer.apply_gradients(zip(mean, model.trainable_variables))
-            return tf.add_n(loss_sums), tf.add_n(counts), tf.stack(waits)
+            applied = apply_if_finite(optimizer, mean, model.trainable_variables)
+            broke = tf.logical_not(tf.math.is_finite(tf.stack(loss_sums)))
+            return tf.add_n(loss_sums), tf.add_n(counts), applied, broke, tf.stack(waits)
 
     return train_step

@@ -1,10 +1,14 @@
 """`ringtrain`: the ring-allreduce trainer, and `ringtrain doctor`."""
 import os
 import sys
+from dataclasses import dataclass
 
-from ringtrain.workloads import flags
+from ringtrain.workloads import config, flags
 from ringtrain.workloads.errors import TrainingStopped, UsageError, launched_rank, run_cli
 from ringtrain.workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
+
+BACKENDS = ("horovod", "tf-collective")
+COMMUNICATIONS = ("RING", "AUTO", "NCCL")  # tf.distribute.experimental.CommunicationImplementation
 from ringtrain.workloads.outputs import check_outputs
 
 EXAMPLES = """examples:
@@ -14,6 +18,7 @@ EXAMPLES = """examples:
   mpirun --hostfile mpi_hostfiles/localhost ringtrain --model mnist_cnn
   ringtrain --model cifar_resnet --data-dir ~/data/cifar10 --epochs 30 --checkpoint-dir ckpt
   horovodrun -np 4 ringtrain --checkpoint-dir ckpt --resume     # continue on any N
+  mpirun -np 2 ringtrain --backend tf-collective                 # TF's own collective all-reduce
   ringtrain doctor                                               # check the install
 """
 
@@ -23,14 +28,22 @@ def parser():
         prog="ringtrain", epilog=EXAMPLES,
         formatter_class=flags.argparse.RawDescriptionHelpFormatter,
         description="Synchronous data-parallel training over Horovod's ring-allreduce "
-                    "(scatter-reduce then allgather). Launch with horovodrun or mpirun; "
-                    "alone it runs one rank.")
+                    "(scatter-reduce then allgather), or over TensorFlow's own collective all-reduce "
+                    "(--backend tf-collective). Launch with horovodrun or mpirun; alone it runs one rank.")
     flags.add_training_flags(p)
-    r = p.add_argument_group("ring mode (Horovod)")
-    r.add_argument("--no-lr-scaling", action="store_true",
-                   help="keep --lr as is instead of multiplying it by the rank count")
-    r.add_argument("--warmup-epochs", type=flags.non_negative_float, default=1.0, metavar="E",
+    b = p.add_argument_group("synchronous data parallelism (every backend)")
+    b.add_argument("--backend", choices=BACKENDS, default="horovod",
+                   help="horovod: Horovod's ring-allreduce (the default); tf-collective: TensorFlow's own "
+                        "MultiWorkerMirroredStrategy, under mpirun or with TF_CONFIG set")
+    b.add_argument("--no-lr-scaling", action="store_true",
+                   help="keep --lr as is instead of multiplying it by the worker count")
+    b.add_argument("--warmup-epochs", type=flags.non_negative_float, default=1.0, metavar="E",
                    help="ramp the lr from --lr to lr*N over E epochs (default 1; 0 disables)")
+    t = p.add_argument_group("TF's collective mode (--backend tf-collective)")
+    t.add_argument("--communication", type=str.upper, choices=COMMUNICATIONS, metavar="IMPL",
+                   help="RING (TF's ring: scatter-reduce then allgather; the default), AUTO (TF picks: NCCL on "
+                        "GPUs) or NCCL")
+    r = p.add_argument_group("Horovod (--backend horovod, the default)")
     r.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16")
     r.add_argument("--adasum", action="store_true", help="combine gradients with Adasum")
     r.add_argument("--fusion-threshold-mb", type=flags.non_negative_float, metavar="MB",
@@ -44,48 +57,83 @@ def parser():
     r.add_argument("--timeline", "--horovod-timeline", metavar="FILE",
                    help="write a Horovod timeline (chrome://tracing); under horovodrun, which "
                         "claims --timeline itself, spell it --horovod-timeline")
-    r.add_argument("--mpi-allreduce", choices=sorted(MPI_ALLREDUCE_ALGORITHMS) + ["default"], default="ring",
-                   metavar="ALG", help="OpenMPI's allreduce algorithm for the gradients: ring (default: "
-                   "scatter-reduce then allgather, as the seeds describe), rabenseifner, recursive_doubling, "
+    r.add_argument("--mpi-allreduce", choices=sorted(MPI_ALLREDUCE_ALGORITHMS) + ["default"], metavar="ALG", help="OpenMPI's allreduce algorithm for the gradients: ring (default: "
+                   "scatter-reduce then allgather, as the classic tutorials describe it), rabenseifner, recursive_doubling, "
                    "segmented_ring, ..., or default (OpenMPI picks by size and ranks); not used under Gloo")
     r.add_argument("--mpi-busy-wait", action="store_true",
                    help="let OpenMPI spin while waiting (its default); ringtrain otherwise sets "
                         "OMPI_MCA_mpi_yield_when_idle=1, which is faster when ranks share cores")
-    r.add_argument("--on-nan", choices=("stop", "skip"), default="stop",
-                   help="a non-finite loss or gradient: stop at once with the step, the rank and the "
-                        "last good checkpoint (default), or skip that update and go on")
-    r.add_argument("--stall-timeout", type=flags.non_negative_float, default=120.0, metavar="S",
-                   help="no step on any rank for S seconds ends the job, naming the rank that stopped "
-                        "(an out-of-band watchdog: Horovod's own waits with the frozen collective); "
-                        "0 disables (default %(default)g)")
     r.add_argument("--elastic", action="store_true",
                    help="go on when ranks are lost or added, under horovodrun's elastic mode (horovodrun "
                         "--gloo -np N --min-np M --max-np X --host-discovery-script S ringtrain --elastic)")
-    r.add_argument("--commit-every", type=flags.positive_int, default=10, metavar="K",
+    r.add_argument("--commit-every", type=flags.positive_int, metavar="K",
                    help="--elastic: commit the state every K steps; a lost rank costs at most K steps "
-                        "(default %(default)s)")
+                        "(default 10)")
     r.add_argument("--no-allreduce", action="store_true",
                    help="measurement only: skip the gradient allreduce, so ranks diverge "
                         "(Horovod's background thread still coordinates every cycle)")
-    c = p.add_argument_group("checkpoints and logs (rank 0 writes them)")
-    c.add_argument("--checkpoint-every", type=flags.positive_int, default=100, metavar="K",
-                   help="checkpoint every K steps and at the end (default %(default)s)")
-    c.add_argument("--keep-checkpoints", type=flags.positive_int, default=3, metavar="K")
-    c.add_argument("--resume", nargs="?", const="latest", metavar="CKPT",
-                   help="continue from CKPT (a prefix or directory), or with no value from "
-                        "the newest checkpoint in --checkpoint-dir, if any; works on any N")
-    c.add_argument("--log-dir", metavar="DIR", help="TensorBoard scalars")
-    c.add_argument("--dump-weights", metavar="FILE",
-                   help="save each rank's final weights to FILE ({rank} is replaced)")
     return p
 
 
+@dataclass(frozen=True)
+class HorovodConfig:
+    """Ring mode's own flags."""
+    fp16_allreduce: bool = False
+    adasum: bool = False
+    fusion_threshold_mb: float = None
+    cycle_time_ms: float = None
+    horovod_loop: str = None
+    timeline: str = None
+    mpi_allreduce: str = "ring"
+    mpi_busy_wait: bool = False
+    no_allreduce: bool = False
+    elastic: bool = False
+    commit_every: int = 10
+    lr_scaling: bool = True     # lr x N (not with --no-lr-scaling, nor Adasum)
+    warmup_epochs: float = 1.0
+
+
+def horovod_config(args):
+    return HorovodConfig(args.fp16_allreduce, args.adasum, args.fusion_threshold_mb, args.cycle_time_ms,
+                         args.horovod_loop, args.timeline, args.mpi_allreduce or "ring", args.mpi_busy_wait,
+                         args.no_allreduce, args.elastic, args.commit_every or 10,
+                         lr_scaling=not (args.no_lr_scaling or args.adasum), warmup_epochs=args.warmup_epochs)
+
+
+@dataclass(frozen=True)
+class CollectiveConfig:
+    """TF's collective mode's own flags."""
+    communication: str = "RING"
+    lr_scaling: bool = True
+    warmup_epochs: float = 1.0
+
+
+def collective_config(args):
+    return CollectiveConfig(args.communication or "RING", not args.no_lr_scaling, args.warmup_epochs)
+
+
+# Horovod's own flags: what TF's collective mode has no counterpart for, with why.
+HOROVOD_ONLY = {"fp16_allreduce": "Horovod's gradient compression", "adasum": "Horovod's Adasum",
+                "fusion_threshold_mb": "Horovod's fusion buffer (TF packs every gradient into one all-reduce)",
+                "cycle_time_ms": "Horovod's background cycle", "horovod_loop": "Horovod's background thread",
+                "timeline": "Horovod's timeline", "mpi_allreduce": "OpenMPI's algorithm (TF runs its own ring)",
+                "mpi_busy_wait": "OpenMPI's waiting", "no_allreduce": "Horovod's measurement switch",
+                "elastic": "Horovod's elastic mode", "commit_every": "Horovod's elastic commits"}
+
+
+def check_backend(args):
+    """One line for a flag the chosen backend cannot honour."""
+    if args.backend == "tf-collective":
+        for dest, what in HOROVOD_ONLY.items():
+            if getattr(args, dest) not in (None, False):
+                raise UsageError(f"--{dest.replace('_', '-')} is {what}: drop it with --backend tf-collective")
+    elif args.communication:
+        raise UsageError("--communication picks TF's collective implementation: it needs --backend tf-collective")
+
+
 def validate(args):
-    if args.resume == "latest" and not args.checkpoint_dir:
-        raise UsageError("--resume without a checkpoint needs --checkpoint-dir")
+    check_backend(args)
     check_outputs(args)  # before the training, not at its first save
-    if args.epochs == 0 and not args.steps:
-        raise UsageError("--epochs 0 trains nothing: give --epochs >= 1 or --steps K")
     if args.elastic and os.environ.get("HOROVOD_ELASTIC") != "1":
         raise UsageError("--elastic runs under horovodrun's elastic mode: horovodrun --gloo -np N --min-np M "
                          "--max-np X --host-discovery-script S ringtrain --elastic ...")
@@ -102,13 +150,16 @@ def _main(argv):
     # well under a second, on every rank alike, so no rank waits on another.
     dataset = flags.load_training_data(args)
     from ringtrain.workloads.tfenv import import_tensorflow_quietly
+    if args.backend == "tf-collective":
+        from ringtrain import collective
+        # (TF_CONFIG, or mpirun's ranks, before TF loads: a bad one is one line)
+        cluster = collective.cluster()
+        import_tensorflow_quietly()
+        return collective.train(config.from_args(args), collective_config(args), cluster, dataset)
     import_tensorflow_quietly()
-    if args.elastic:
-        from ringtrain.elastic import train
-        return train(args, dataset)
     from ringtrain.train import train
     try:
-        return train(args, dataset)
+        return train(config.from_args(args), horovod_config(args), dataset)
     except Exception as e:
         if "Horovod has been shut down" not in str(e):
             raise

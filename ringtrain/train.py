@@ -1,120 +1,100 @@
 """Synchronous data-parallel training over Horovod's ring-allreduce.
 
 Reads top to bottom like Horovod's examples/tensorflow2 scripts; every line
-that distribution adds is marked `# Horovod:`. What rank 0 alone does (the
-console, TensorBoard, checkpoints) is in ringtrain/chief.py.
+that distribution adds is marked `# Horovod:`. What is not distribution
+(logging, checkpoints, the stall watchdog, --straggler, snapshots, the
+evaluation and the summary) is the shared loop's (workloads/loop.py), which
+this recipe calls with its step.
 """
-import time
-
-import numpy as np
-
 from ringtrain import knobs
-from ringtrain.chief import Chief
-from ringtrain.stall import StallWatchdog
-from ringtrain.workloads import models, pipeline
-from ringtrain.workloads.errors import TrainingStopped
-from ringtrain.workloads.evaluation import Evaluation, evaluate
+from ringtrain.workloads import loop
+from ringtrain.workloads.checkpoints import ObjectStore, Progress
 from ringtrain.workloads.horovod_env import allreduce_algorithm_in_effect, horovod_loop_in_effect
-from ringtrain.workloads.optimizers import keras_optimizer
-from ringtrain.workloads.outputs import parent_made
+from ringtrain.workloads.schedule import learning_rate_schedule
 from ringtrain.workloads.sharding import steps_per_epoch
-from ringtrain.workloads.straggler import Slowdown, summary_fields
 from ringtrain.workloads.straggler import check as check_straggler
-from ringtrain.workloads.summary import StepTimer, build_summary
-from ringtrain.workloads.tfenv import set_threads
 
 
-def train(args, dataset):
-    knobs.apply_before_init(args)  # MPI yield, fusion buffer, cycle time, timeline: read by hvd.init
+def train(config, horovod, dataset):
+    """config: the shared workloads.config.RunConfig; horovod: ringtrain.cli.HorovodConfig."""
+    knobs.apply_before_init(horovod)  # MPI yield, fusion buffer, cycle time, timeline: read by hvd.init
     import horovod.tensorflow as hvd
+    from ringtrain.workloads.devices import pin_gpu
+    from ringtrain.workloads.tfenv import set_threads
 
     # Horovod: initialise; rank, size and local rank come from whoever launched us.
     hvd.init()
-    check_straggler(args.straggler, hvd.size())
-    set_threads(args.threads)
+    check_straggler(config.loop.straggler, hvd.size())
+    set_threads(config.data.threads)
     # Horovod: pin each rank to one GPU by local rank, where there are GPUs.
-    pin_gpu(hvd.local_rank())
+    device = pin_gpu(hvd.local_rank())
 
-    model, optimizer = build(args)
-    per_epoch = steps_per_epoch(len(dataset.train_labels), hvd.size(), args.batch_size)
-    # Horovod: the lr grows with the rank count, after a warm-up.
-    lr_at = knobs.learning_rate_schedule(args, hvd.size(), per_epoch)
-    train_step = make_train_step(args, hvd, model, optimizer)
-    chief = Chief(args, model, optimizer, hvd.rank() == 0, per_epoch, hvd.size())
+    model = config.model.build()
+    optimizer = config.optimizer.keras()
+    optimizer.build(model.trainable_variables)
+    if horovod.elastic:
+        from ringtrain import elastic
+        return elastic.train(hvd, config, horovod, dataset, model, optimizer, train_on_this_world, device)
 
+    run = training(hvd, config, horovod, dataset, model, optimizer, device=device)
     # Horovod: every rank starts from rank 0's weights, optimizer state and progress.
-    progress = hvd.broadcast_object(chief.restore(), root_rank=0)
+    progress = hvd.broadcast_object(run.resume(), root_rank=0) or Progress()
     hvd.broadcast_variables(list(model.variables) + list(optimizer.variables), root_rank=0)
-
-    # Out-of-band: a frozen rank is named and the job ended, not waited on forever.
-    watchdog = StallWatchdog(hvd, args.stall_timeout)
-    step, skip = progress.step, progress.batches_done(hvd.size(), args.batch_size)
-    total_steps = args.steps or progress.step + (args.epochs - progress.epoch) * per_epoch - skip
-    chief.console.begin(f"ringtrain: {args.model} on {dataset.source} ({len(dataset.train_labels)} train, "
-                        f"{len(dataset.test_labels)} test), {hvd.size()} rank(s) x batch {args.batch_size}, "
-                        f"{per_epoch} steps/epoch, steps {step}..{total_steps}")
-    # Horovod: each rank reads its own disjoint shard of every epoch.
-    batches = pipeline.batches_from(dataset, hvd.rank(), hvd.size(), args.batch_size, args.seed,
-                                    progress.epoch, skip, args.threads)
-    if watchdog.describe():
-        chief.console.line(watchdog.describe())
-    watchdog.start()
-    timer, losses, wall_start = StepTimer(args.warmup_steps), LossWindow(), time.perf_counter()
-    slowdown = Slowdown(args.straggler, hvd.rank())
-    chief.snapshots.start_clock()
-    epoch = done_in_epoch = None
-    skipped = 0
-    for step, (epoch, done_in_epoch, batch) in zip(range(step + 1, total_steps + 1), batches):
-        optimizer.learning_rate.assign(lr_at(step - 1))
-        with slowdown.step(step):  # --straggler: that rank waits after its compute
-            loss_sum, samples, finite = train_step(*batch)
-        if not finite:
-            skipped += non_finite_step(args, hvd, chief, step, loss_sum)
-        timer.step_done(float(samples))
-        watchdog.step_done(step)
-        losses.add(loss_sum, samples)
-        if step % args.log_every == 0 or step == total_steps:
-            # Horovod: the logged loss is the mean over every rank's samples.
-            chief.log_step(step, total_steps, epoch, *losses.global_mean(hvd), lr_at(step - 1))
-        chief.checkpoint(step, epoch, done_in_epoch)
-        chief.snapshot(step, global_samples=batch[3])
-    wall_seconds = time.perf_counter() - wall_start
-    watchdog.stop()
-
-    evaluation = Evaluation() if models.is_simulated(model) else global_evaluation(hvd, model, dataset)
-    # Horovod: every rank's own timing; the global rate is measured, never rank 0 x N.
-    reports = hvd.allgather_object(dict(timer.report(), straggler_wait_sec=slowdown.waited))
-    if epoch is not None:
-        chief.checkpoint(step, epoch, done_in_epoch, final=True)
-    chief.test_scalars(step, evaluation)
-    controller = "mpi" if hvd.mpi_enabled() else "gloo"
-    summary = build_summary(
-        "ring", args, dataset, world_size=hvd.size(), steps=step, epochs=step / per_epoch,
-        train_loss=losses.last, evaluation=evaluation, wall_seconds=wall_seconds, reports=reports,
-        controller=controller, hosts=[r["host"] for r in reports], checkpoint=chief.ckpt.latest,
-        allreduce_algorithm=allreduce_algorithm_in_effect(controller), horovod_loop=horovod_loop_in_effect(),
-        skipped_steps=skipped, **summary_fields(args.straggler, [r["straggler_wait_sec"] for r in reports]),
-        gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables))
-    chief.console.finish(summary, args.summary_json)
-    if args.dump_weights:
-        np.savez(parent_made(args.dump_weights.format(rank=hvd.rank())), *[v.numpy() for v in model.variables])
+    train_on_this_world(hvd, run, horovod, dataset, model, optimizer, progress)
     return 0
 
 
-def build(args):
-    """The model and its optimizer, its slots created."""
-    model = models.build(args.model, seed=args.seed, dropout=not args.no_dropout,
-                         simulate_gpu_ms=args.simulate_gpu)
-    optimizer = keras_optimizer(args.optimizer, args.lr)
-    optimizer.build(model.trainable_variables)
-    return model, optimizer
+def training(hvd, config, horovod, dataset, model, optimizer, **mode):
+    """The shared loop, for this world of ranks."""
+    host_of = HorovodAgreement(hvd, in_lockstep=not horovod.no_allreduce)
+    ring = loop.Mode("ring", "ringtrain", hvd.size(), local_workers=(hvd.rank(),), worker_word="rank",
+                     speaks=hvd.rank() == 0, names=lambda r: f"rank {r} ({host_of.hosts()[r]})", **mode)
+    return loop.Training(config, ring, dataset, steps_per_epoch(len(dataset.train_labels), hvd.size(),
+                                                                config.data.batch_size),
+                         agree=host_of, store=ObjectStore(config.loop.keep_checkpoints, model=model,
+                                                          optimizer=optimizer))
 
 
-def make_train_step(args, hvd, model, optimizer):
+def train_on_this_world(hvd, run, horovod, dataset, model, optimizer, progress, after_step=None,
+                        extra_fields=None):
+    """Training from `progress` on, at the present rank count."""
+    from ringtrain.workloads import pipeline
+    from ringtrain.workloads.evaluation import metrics_of
+    c = run.config
+    # Horovod: the lr grows with the rank count, after a warm-up.
+    lr_at = learning_rate_schedule(c.optimizer.lr, hvd.size(), run.per_epoch, scale=horovod.lr_scaling,
+                                   warmup_epochs=horovod.warmup_epochs)
+    train_step = make_train_step(hvd, horovod, model, optimizer)
+
+    def step(number, batch, _):
+        optimizer.learning_rate.assign(lr_at(number - 1))
+        loss_sum, samples, applied = train_step(*batch)
+        return loop.StepResult(loss_sum, samples, bool(applied), job_samples=float(batch[3]))
+
+    # Horovod: each rank reads its own disjoint shard of every epoch.
+    batches = pipeline.batches_from(run.dataset, hvd.rank(), hvd.size(), c.data.batch_size, c.data.seed,
+                                    progress.epoch, progress.batches_done(hvd.size(), c.data.batch_size),
+                                    c.data.threads)
+    controller = "mpi" if hvd.mpi_enabled() else "gloo"
+    return run.run(
+        step, batches, start=progress.step, learning_rate=lambda number: lr_at(number - 1),
+        describe=f"{hvd.size()} rank(s) x batch {c.data.batch_size}",
+        metrics=metrics_of(model), after_step=after_step,
+        read_weights=lambda: [(v.name, v.numpy()) for v in model.variables],
+        fields=lambda reports: dict(
+            controller=controller, allreduce_algorithm=allreduce_algorithm_in_effect(controller),
+            horovod_loop=horovod_loop_in_effect(),
+            gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables),
+            **(extra_fields or {})))
+
+
+def make_train_step(hvd, horovod, model, optimizer):
     import tensorflow as tf
+    from ringtrain.workloads import models
+    from ringtrain.workloads.gradients import apply_if_finite
     # Horovod: fp16 compression and Adasum are options; Average is the default.
-    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    reduce_op = hvd.Adasum if args.adasum else hvd.Average
+    compression = hvd.Compression.fp16 if horovod.fp16_allreduce else hvd.Compression.none
+    reduce_op = hvd.Adasum if horovod.adasum else hvd.Average
 
     @tf.function
     def train_step(images, labels, weights, global_count):
@@ -123,80 +103,41 @@ def make_train_step(args, hvd, model, optimizer):
             # Horovod: divide by the global batch's mean per-rank share, not the local
             # count, so that averaging over ranks gives exactly the global batch's gradient.
             loss = loss_sum / (global_count / hvd.size())
-        if not args.no_allreduce:
+        if not horovod.no_allreduce:
             # Horovod: each gradient's allreduce starts as soon as backprop produces it.
             tape = hvd.DistributedGradientTape(tape, compression=compression, op=reduce_op)
         grads = tape.gradient(loss, model.trainable_variables)
-        # A non-finite gradient never reaches the weights. After the allreduce
-        # every rank holds the same gradients, so every rank decides alike.
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-
-        def apply():
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return tf.constant(True)
-
-        tf.cond(finite, apply, lambda: tf.constant(False))
-        return loss_sum, tf.reduce_sum(weights), finite
+        # Horovod: after the allreduce every rank holds the same gradients, so every rank
+        # applies them, or skips a non-finite update, alike.
+        applied = apply_if_finite(optimizer, grads, model.trainable_variables)
+        return loss_sum, tf.reduce_sum(weights), applied
 
     return train_step
 
 
-def non_finite_step(args, hvd, chief, step, loss_sum):
-    """A step whose gradients were not finite (its update was not applied):
-    with --on-nan skip, say so and go on (returns 1, a skipped step); else stop
-    every rank, rank 0 saying in one line where and what to resume from."""
-    if args.on_nan == "skip":
-        chief.console.line(f"step {step}: non-finite gradients; update skipped (--on-nan skip)")
-        return 1
-    mine = bool(np.isfinite(float(loss_sum)))
-    # Horovod: every rank reached this step with the same gradients; name the ranks whose loss broke.
-    finite = [mine] if args.no_allreduce else hvd.allgather_object(mine)
-    ranks = [r for r, ok in enumerate(finite) if not ok] or "every rank (loss finite, gradients not)"
-    latest = chief.ckpt.latest if chief.is_chief else None
-    resume = (f"the last good checkpoint is {latest}: resume with --resume and a lower --lr"
-              if latest else "no checkpoint was written yet (--checkpoint-dir)")
-    raise TrainingStopped(f"non-finite loss at step {step} on rank(s) {ranks}; training stopped before "
-                          f"applying it, {resume}, or pass --on-nan skip",
-                          quiet=not chief.is_chief and not args.no_allreduce)
+class HorovodAgreement:
+    """How ring ranks agree on a sum, a gather or a broadcast: Horovod's own collectives."""
 
+    def __init__(self, hvd, in_lockstep=True):
+        self.hvd, self.rank, self.size, self.in_lockstep = hvd, hvd.rank(), hvd.size(), in_lockstep
+        self._hosts = None
 
-def global_evaluation(hvd, model, dataset):
-    """Each rank evaluates its share of the test split; the counts are summed."""
-    import tensorflow as tf
-    metrics = tf.function(lambda images, labels: models.correct_and_loss_sum(model(images, False), labels),
-                          reduce_retracing=True)
-    mine = evaluate(metrics, dataset, hvd.rank(), hvd.size())
-    # Horovod: a true global accuracy sums correct and total counts over ranks.
-    total = hvd.allreduce(tf.constant([mine.correct, mine.loss_sum, mine.samples], tf.float64),
-                          op=hvd.Sum).numpy()
-    return Evaluation(float(total[0]), float(total[1]), int(total[2]))
-
-
-def pin_gpu(local_rank):
-    import tensorflow as tf
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        tf.config.experimental.set_memory_growth(gpus[local_rank], True)
-        tf.config.set_visible_devices(gpus[local_rank], "GPU")
-
-
-class LossWindow:
-    """This rank's weighted-loss sum and sample count since the last global mean."""
-
-    def __init__(self):
-        self.loss_sum, self.count, self.last = 0.0, 0.0, None
-
-    def add(self, loss_sum, count):
-        self.loss_sum += float(loss_sum)
-        self.count += float(count)
-
-    def global_mean(self, hvd):
-        """(mean loss over every rank's samples since the last call, those samples)."""
+    def sum(self, values):
         import tensorflow as tf
-        # Horovod: one small allreduce per log line, not one per step.
-        total, count = hvd.allreduce(tf.constant([self.loss_sum, self.count], tf.float64),
-                                     op=hvd.Sum).numpy()
-        if count > 0:
-            self.last = float(total / count)
-        self.loss_sum = self.count = 0.0
-        return self.last, float(count)
+        # Horovod: one small allreduce for a log line or the test counts, not one per step.
+        return [float(v) for v in self.hvd.allreduce(tf.constant(values, tf.float64), op=self.hvd.Sum).numpy()]
+
+    def gather(self, obj, gone=None):
+        return self.hvd.allgather_object(obj)
+
+    def broadcast(self, obj):
+        return self.hvd.broadcast_object(obj, root_rank=0)
+
+    def hosts(self):
+        if self._hosts is None:
+            import socket
+            self._hosts = self.hvd.allgather_object(socket.gethostname())
+        return self._hosts
+
+    def evaluation_share(self):
+        return self.rank, self.size

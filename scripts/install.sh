@@ -9,6 +9,7 @@
 #
 #   scripts/install.sh          # CPU (tensorflow-cpu, Horovod with MPI + Gloo)
 #   GPU=1 scripts/install.sh    # GPU (tensorflow[and-cuda], HOROVOD_GPU_OPERATIONS=NCCL)
+#   TEST_TOOLS=1 scripts/install.sh   # also what only the tests use: Debian's headless Chromium
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -33,6 +34,8 @@ has ip && has tc || apt_pkgs+=(iproute2)
 has sshd || apt_pkgs+=(openssh-server)
 has ssh && has ssh-keygen || apt_pkgs+=(openssh-client)
 has nsenter || apt_pkgs+=(util-linux)
+# The tests render the bench's HTML report in a real browser (make test sets TEST_TOOLS=1).
+[ "${TEST_TOOLS:-0}" = 1 ] && ! has chromium && apt_pkgs+=(chromium)
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
     say "installing ${apt_pkgs[*]} with apt"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
@@ -58,9 +61,9 @@ stamp="$VENV/.ringtrain-deps"
 # Editable installs map the top-level packages found at install time: a new one needs a reinstall.
 want="$( (cat setup.cfg scripts/install.sh; ls -d */__init__.py) | sha256sum | cut -c1-16)-$EXTRA"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    say "installing Python packages (.[${EXTRA},test])"
+    say "installing Python packages (.[${EXTRA},test,docs])"
     "${PIP[@]}" install --upgrade pip setuptools wheel
-    "${PIP[@]}" install -e ".[${EXTRA},test]"
+    "${PIP[@]}" install -e ".[${EXTRA},test,docs]"
     echo "$want" >"$stamp"
 fi
 

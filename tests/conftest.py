@@ -3,8 +3,8 @@ import pytest
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: starts launchers, real clusters or benches "
-                                       "(`pytest -m 'not slow'` is the quick subset)")
+    config.addinivalue_line("markers", "slow: starts a launcher, trains, builds a cluster or runs a bench "
+                                       "(`pytest -m 'not slow'`, `make test-quick`, is the rest: under a minute)")
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """What the tests share: running real launchers in their own process group
 (multihost.procs, which ends the whole tree afterwards), reading summaries,
 weights and checkpoints, the one-line-error check, and PS tasks started one
-process per task, as the seeds do."""
+process per task, as the classic distributed-TensorFlow tutorials do."""
 import json
 import os
 import re
@@ -33,6 +33,43 @@ def run(cmd, timeout=300, cwd=REPO, env=None, host=None):
     if done.timed_out:
         pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return done
+
+
+def run_in_terminal(cmd, timeout=300, env=None):
+    """Run cmd with a pseudo-terminal as its stdout and stderr, as a person at
+    a terminal would, in a process group of its own that is ended afterwards.
+    Returns .returncode and .output (both streams, as the terminal got them)."""
+    import pty
+    import select
+    import signal
+    import subprocess
+    from types import SimpleNamespace
+    master, terminal = pty.openpty()
+    process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, cwd=REPO,
+                               env=env or ENV, start_new_session=True)
+    os.close(terminal)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every writer closed the terminal
+                    data = b""
+                if not data:
+                    break
+                chunks.append(data)
+        else:
+            pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{b''.join(chunks).decode()[-3000:]}")
+        process.wait(timeout=30)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+        os.close(master)
+    return SimpleNamespace(returncode=process.returncode, output=b"".join(chunks).decode(errors="replace"))
 
 
 def run_ok(cmd, timeout=300, **kw):
@@ -146,7 +183,7 @@ def assert_checkpoint_is_one_process_on_the_global_batch(checkpoint_dir, steps, 
     taken together (the global batch)."""
     import tensorflow as tf
     from ringtrain.workloads import data, models
-    from ringtrain.workloads.pipeline import as_float
+    from ringtrain.workloads.data import as_float
     from ringtrain.workloads.sharding import epoch_shard
 
     dataset = data.load("mnist")
@@ -172,7 +209,7 @@ def assert_checkpoint_is_one_process_on_the_global_batch(checkpoint_dir, steps, 
         np.testing.assert_allclose(checkpoint.get_tensor(name), v.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-# --- PS tasks, one process each, as the seeds start them --------------------------
+# --- PS tasks, one process each, as the classic tutorials start them --------------------------
 
 PS_BASELINE = [sys.executable, "-m", "ringtrain.ps_baseline"]
 BENCH = [sys.executable, "-m", "ringtrain.bench"]

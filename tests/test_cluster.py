@@ -1,7 +1,7 @@
 """Across hosts, on a simulated cluster of network-namespace hosts (h1..h3,
 each with its own hostname, address and sshd) that the test run builds and
 tears down: ring under every launcher, PS sync and async, a task killed on a
-remote host, the seeds' per-terminal commands, and `down` itself."""
+remote host, the classic distributed-TensorFlow tutorials' per-terminal commands, and `down` itself."""
 import os
 import signal
 import subprocess
@@ -23,42 +23,6 @@ DETERMINISTIC = ["--optimizer", "sgd", "--lr", "0.05", "--no-lr-scaling", "--war
 def on(cluster, host, *argv):
     """argv run on `host` of the cluster, as a user types it: ringtrain-cluster exec HOST -- ..."""
     return [os.path.join(BIN, "ringtrain-cluster"), "--name", cluster.name, "exec", host, "--", *argv]
-
-
-def two_hosts(cluster, tmp_path):
-    path = tmp_path / "hosts"
-    path.write_text("h1 slots=1\nh2 slots=1\n")
-    return str(path)
-
-
-def ring_launcher(name, cluster, tmp_path):
-    """The three ways to start ring mode across h1 and h2, from h1."""
-    ringtrain = os.path.join(BIN, "ringtrain")
-    return {"mpirun-hostfile": ["mpirun", "--hostfile", two_hosts(cluster, tmp_path), ringtrain],
-            "horovodrun": [os.path.join(BIN, "horovodrun"), "-H", "h1:1,h2:1", ringtrain],
-            "horovodrun-gloo": [os.path.join(BIN, "horovodrun"), "--gloo", "-H", "h1:1,h2:1", ringtrain]}[name]
-
-
-@pytest.mark.parametrize("launcher", ["mpirun-hostfile", "horovodrun", "horovodrun-gloo"])
-def test_ring_across_hosts_gives_identical_weights_and_names_each_ranks_host(cluster, tmp_path, launcher):
-    dump, summary_path = str(tmp_path / "w-{rank}.npz"), tmp_path / "s.json"
-    run_ok(on(cluster, "h1", *ring_launcher(launcher, cluster, tmp_path), "--model", "mnist_cnn",
-              "--batch-size", "16", "--steps", "6", "--log-every", "3", "--dump-weights", dump,
-              "--summary-json", str(summary_path), *ONE_THREAD), timeout=240)
-    summary = last_json(summary_path.read_text())
-    assert summary["hosts"] == ["h1", "h2"]
-    assert summary["controller"] == ("gloo" if launcher.endswith("gloo") else "mpi")
-    assert_same_weights(weights(dump, 0), weights(dump, 1), exact=True)
-
-
-def test_two_ranks_across_hosts_at_batch_b_equal_one_process_at_batch_2b(cluster, tmp_path):
-    two, one = str(tmp_path / "two-{rank}.npz"), str(tmp_path / "one-{rank}.npz")
-    run_ok(on(cluster, "h1", "mpirun", "--hostfile", two_hosts(cluster, tmp_path), os.path.join(BIN, "ringtrain"),
-              "--model", "mnist_mlp", "--batch-size", "16", "--steps", "8", "--dump-weights", two,
-              *DETERMINISTIC), timeout=240)
-    run_ok(["ringtrain", "--model", "mnist_mlp", "--batch-size", "32", "--steps", "8", "--dump-weights", one,
-            *DETERMINISTIC])
-    assert_same_weights(weights(two, 0), weights(one, 0))
 
 
 def ps_launch(cluster, *args):
@@ -142,7 +106,7 @@ def test_ctrl_c_on_the_launcher_stops_every_task_on_every_host(cluster, tmp_path
     assert_no_process_left_on_any_host(cluster)
 
 
-def test_the_seeds_per_terminal_commands_run_with_tasks_on_different_hosts(cluster, tmp_path):
+def test_the_classic_per_terminal_commands_run_with_tasks_on_different_hosts(cluster, tmp_path):
     flags = ["--ps_hosts=h3:2222", "--worker_hosts=h1:2222,h2:2222", "--sync", *TINY, "--steps", "20"]
     with Tasks(str(tmp_path)) as tasks:
         tasks.start("ps", on(cluster, "h3", *PS_BASELINE, *flags, "--job_name=ps", "--task_index=0"))

@@ -37,7 +37,7 @@ def test_scaling_on_a_simulated_cluster_it_builds_gives_every_column_and_bytes_m
     text = (tmp_path / "scaling.md").read_text()
     for _, header in COLUMNS:
         assert header in text
-    assert "2gbit (÷2)" in text and "Targets, as measured" in text and "Time dilation 2" in out
+    assert "2gbit (÷2)" in text and "What the rows show, together" in text and "Time dilation 2" in out
     for name in ("scaling_throughput.png", "scaling_efficiency.png"):
         assert (tmp_path / "2gbit-dilated2" / name).stat().st_size > 0
     assert not [ns for ns in os.listdir("/run/netns") if ns.startswith("rtbench-")]  # torn down

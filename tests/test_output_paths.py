@@ -64,74 +64,10 @@ def test_bench_out_on_a_read_only_file_system_fails_at_once(read_only):
     assert_one_line_error(BENCH + ["scaling", "--out", os.path.join(read_only, "results")], "--out", code=2)
 
 
+@pytest.mark.slow
 def test_a_missing_folder_for_a_summary_or_weights_is_made(tmp_path):
     summary, weights = tmp_path / "new" / "s.json", tmp_path / "newer" / "w-{rank}.npz"
     out = run_ok(["ringtrain", "--model", "mnist_mlp", "--steps", "5", "--summary-json", str(summary),
                   "--dump-weights", str(weights), *ONE_THREAD])
     assert last_json(out)["steps"] == 5
     assert summary.exists() and (tmp_path / "newer" / "w-0.npz").exists()
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 4 MB tmpfs of our own: one mnist_mlp checkpoint (SGD, 2.6 MB) fits, a second does not."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a file system needs root")
-    path = tmp_path / "small"
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "ringtrain-test-small", str(path)], check=True)
-    yield path
-    subprocess.run(["umount", str(path)], check=True)
-
-
-def test_a_full_disk_at_a_checkpoint_stops_in_one_line_and_keeps_the_older_one(small_disk):
-    from helpers import run
-    ckpt = small_disk / "ckpt"
-    done = run(["ringtrain", "--model", "mnist_mlp", "--optimizer", "sgd", "--steps", "12", "--checkpoint-every",
-                "4", "--checkpoint-dir", str(ckpt), *ONE_THREAD], timeout=100)
-    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("ringtrain")]
-    assert errors == [f"ringtrain: error: cannot write the checkpoint of step 8 to {ckpt}: no space left on "
-                      f"device; the last good checkpoint is {ckpt}/ckpt-4: free space and resume with --resume"]
-    assert not [name for name in os.listdir(ckpt) if "temp" in name or name.startswith("ckpt-8")]
-    import tensorflow as tf
-    assert tf.train.load_checkpoint(str(ckpt / "ckpt-4")).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 4
-
-
-@pytest.mark.slow
-def test_a_full_disk_at_a_ps_checkpoint_stops_in_one_line_and_keeps_the_older_one(tmp_path):
-    """The chief's first checkpoint fits; then the disk fills (we fill it), and the next one does not."""
-    import time
-    from helpers import Tasks
-    if os.geteuid() != 0:
-        pytest.skip("mounting a file system needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "ringtrain-test-ps-disk", str(disk)], check=True)
-    try:
-        ckpt = disk / "ckpt"
-        with Tasks(str(tmp_path)) as tasks:
-            tasks.start("launch", [*PS_BASELINE, "launch", "--num-ps", "1", "--num-workers", "1", "--model",
-                                   "mnist_mlp", "--optimizer", "sgd", "--simulate-gpu", "50", "--steps", "100000",
-                                   "--log-every", "100000", "--checkpoint-every", "40", "--checkpoint-dir", str(ckpt),
-                                   *ONE_THREAD])
-            deadline = time.monotonic() + 120
-            while not (ckpt / "model.ckpt-0.index").exists():
-                assert time.monotonic() < deadline and tasks.procs["launch"].poll() is None, tasks.log("launch")
-                time.sleep(0.2)
-            with open(disk / "filler", "wb", buffering=0) as f:
-                try:
-                    while True:
-                        f.write(b"\0" * (256 * 1024))
-                except OSError:
-                    f.truncate(max(f.tell() - 256 * 1024, 0))  # a quarter MB left: no checkpoint fits
-            assert tasks.wait("launch", 120) == 3
-            log = tasks.log("launch")
-        said = [line for line in log.splitlines() if "cannot write the checkpoint" in line]
-        assert len(said) == 1 and "Traceback" not in log, log[-3000:]
-        assert said[0].endswith(f"cannot write the checkpoint of step 40 to {ckpt}: no space left on device; the "
-                                f"last good checkpoint is {ckpt}/model.ckpt-0: free space and restart the cluster "
-                                f"with the same --checkpoint-dir"), said
-        assert not [name for name in os.listdir(ckpt) if "temp" in name or name.startswith("model.ckpt-40")]
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)

@@ -52,7 +52,7 @@ def test_backup_workers_need_sync_and_fewer_than_workers():
 
 
 @pytest.mark.timeout(60)
-def test_seeds_is_sync_spelling_is_checked():
+def test_the_classic_is_sync_spelling_is_checked():
     assert_one_line_error(task_args(hosts(1), hosts(1), "ps", 0, "--is_sync=maybe"), "--is_sync")
 
 

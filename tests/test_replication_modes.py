@@ -1,4 +1,4 @@
-"""The seeds' two other replication modes: in-graph replication (one client,
+"""The classic distributed-TensorFlow tutorials' two other replication modes: in-graph replication (one client,
 a tower per worker task, on real TF gRPC servers) and multi-device towers in
 one process (the CPU split into logical devices). Both must equal one process
 on the global batch."""
@@ -44,25 +44,14 @@ def test_towers_with_batch_b_each_equal_one_process_on_the_global_batch(tmp_path
             np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-def test_towers_checkpoint_and_resume_where_they_left_off(tmp_path):
-    ckpt = str(tmp_path / "ckpt")
-    towers = [*PS_BASELINE, "towers", "--towers", "2", *TINY, "--checkpoint-dir", ckpt, "--checkpoint-every", "3"]
-    first = last_json(run_ok([*towers, "--steps", "6"]))
-    assert first["steps"] == 6 and first["checkpoint"].endswith("ckpt-6")
-    out = run_ok([*towers, "--steps", "10", "--resume"])
-    assert "steps 6..10" in out  # the start line: it went on from step 6, not from 0
-    resumed = last_json(out)
-    assert resumed["steps"] == 10 and resumed["checkpoint"].endswith("ckpt-10")
-
-
 def seed_cluster(tasks, ps, workers, *extra):
-    """The seeds' per-terminal commands, with --replication in-graph."""
+    """The classic distributed-TensorFlow tutorials' per-terminal commands, with --replication in-graph."""
     tasks.start("ps0", task_args(ps, workers, "ps", 0, *IN_GRAPH, "--threads", "1"))
     tasks.start("worker1", task_args(ps, workers, "worker", 1, *IN_GRAPH, "--threads", "1"))
     tasks.start("worker0", task_args(ps, workers, "worker", 0, *IN_GRAPH, *TINY, *extra))
 
 
-def test_the_seeds_per_terminal_commands_run_in_graph_replication(tmp_path):
+def test_the_classic_per_terminal_commands_run_in_graph_replication(tmp_path):
     ps, workers = hosts(1), hosts(2)
     with Tasks(str(tmp_path)) as tasks:
         seed_cluster(tasks, ps, workers, "--steps", "20")

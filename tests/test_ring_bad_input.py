@@ -87,6 +87,7 @@ def test_a_dead_rank_ends_the_job_within_seconds_and_is_named(tmp_path):
         assert "exited on signal 9" in tasks.log("job")  # mpirun names the rank, its PID and host
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gloo", [False, True], ids=["mpirun", "horovodrun-gloo"])
 def test_a_bad_dataset_on_two_ranks_is_said_once_not_once_per_rank(gloo):
     from helpers import mpirun

@@ -78,13 +78,12 @@ def test_step_time_percentiles_and_the_update_rate_come_from_timed_steps_only():
 
 
 def test_async_staleness_is_a_histogram_with_percentiles():
-    from ringtrain.ps_baseline.reports import Staleness, WorkerReport, staleness_fields
+    from ringtrain.ps_baseline.reports import Staleness, staleness_fields
     a, b = Staleness(), Staleness()
     for read, applied in [(0, 1), (1, 3), (3, 7)]:  # staleness 0, 1, 3
         a.add(read, applied)
     b.add(7, 8)
-    reports = [WorkerReport(i, 3, {}, staleness=s.as_list(), staleness_histogram=s.histogram)
-               for i, s in enumerate((a, b))]
+    reports = [{"staleness": s.as_list(), "staleness_histogram": s.histogram} for s in (a, b)]
     fields = staleness_fields(reports)
     assert fields["staleness_histogram"] == {"0": 2, "1": 1, "3": 1}
     assert fields["staleness_p50"] == 0 and fields["staleness_p99"] == 3 and fields["staleness_max"] == 3
@@ -106,10 +105,14 @@ def test_a_3x_straggler_slows_ring_and_sync_ps_but_not_async_ps(tmp_path):
     # sync: the healthy worker waits for the straggler every step; async: it never waits
     assert healthy_slowdown["ring"] > 1.5 and healthy_slowdown["ps-sync"] > 1.5, healthy_slowdown
     assert healthy_slowdown["ps-async"] < 1.3, healthy_slowdown
-    # the straggler itself is slow in every mode, and says how long it waited
+    # async: the straggler alone is slow; sync: the healthy worker keeps the straggler's pace
     for mode in ("ring", "ps-sync", "ps-async"):
         slow = row[(mode, 3.0)]
-        assert slow["straggler_images_per_sec"] < slow["healthy_images_per_sec"] / 1.5 or mode != "ps-async"
+        straggler, healthy = slow["straggler_images_per_sec"], slow["healthy_images_per_sec"]
+        if mode == "ps-async":
+            assert straggler < healthy / 1.5, (mode, straggler, healthy)
+        else:
+            assert abs(straggler - healthy) < 0.25 * healthy, (mode, straggler, healthy)
         summary = json.loads(open(slow["summary_json"]).read())
         waited = summary["straggler"]["waited_sec"]
         assert waited[1] > 0 and waited[0] == 0, waited
@@ -143,27 +146,6 @@ def test_a_backup_worker_drops_the_stragglers_late_gradients_and_training_stays_
     assert kernels and all(np.isfinite(reader.get_tensor(name)).all() for name in kernels)
     assert reader.get_tensor("global_step") == steps
     assert summary["test_accuracy"] > 0.5
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(420)
-@pytest.mark.parametrize("mode", ["towers", "in-graph", "tf2"])
-def test_a_straggler_slows_the_other_replication_modes_too(mode, tmp_path):
-    if mode == "towers":
-        cmd = [*PS_BASELINE, "towers", "--towers", "2"]
-    else:
-        cmd = [*PS_BASELINE, "launch", "--num-ps", "1", "--num-workers", "2",
-               *(["--replication", "in-graph"] if mode == "in-graph" else ["--api", "tf2"])]
-    cmd += [*SIMULATED, "--steps", "24" if mode != "tf2" else "40"]
-    base = last_json(run_ok(cmd, timeout=200))
-    slow = last_json(run_ok(cmd + ["--straggler", "1:4"], timeout=200))
-    waited = slow["straggler"]["waited_sec"]
-    assert sum(waited) > 0 and (mode == "tf2" or waited[0] == 0), waited
-    ratio = base["images_per_sec"] / slow["images_per_sec"]
-    if mode == "tf2":  # async: only the straggler's share is lost, about (1 + 1/4) / 2 of the rate kept
-        assert 1.1 < ratio < 2.5, ratio
-    else:  # one graph step waits for its slowest tower
-        assert ratio > 2.0, ratio
 
 
 # --- time to accuracy --------------------------------------------------------------------

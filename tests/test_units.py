@@ -8,9 +8,9 @@ import json
 import pytest
 
 from ringtrain.ps_baseline import launcher
-from ringtrain.ps_baseline.reports import Staleness, WorkerReport, staleness_fields
+from ringtrain.ps_baseline.reports import Staleness, staleness_fields
 from ringtrain.workloads.checkpoints import Progress
-from ringtrain.knobs import learning_rate_schedule
+from ringtrain.workloads.schedule import learning_rate_schedule
 from ringtrain.workloads.console import Console, human_summary
 from ringtrain.workloads.evaluation import Evaluation
 from ringtrain.workloads.summary import build_summary
@@ -37,24 +37,23 @@ def test_progress_rounds_to_the_nearest_global_batch_when_sizes_do_not_divide():
 
 # --- learning rate ----------------------------------------------------------------
 
-def lr_args(**kw):
-    return argparse.Namespace(**{"lr": 0.01, "no_lr_scaling": False, "adasum": False, "warmup_epochs": 1.0, **kw})
-
-
 def test_lr_ramps_linearly_from_the_single_worker_lr_to_n_times_it():
-    lr_at = learning_rate_schedule(lr_args(), size=4, steps_per_epoch=100)
+    lr_at = learning_rate_schedule(0.01, size=4, steps_per_epoch=100)
     assert lr_at(0) == pytest.approx(0.01)
     assert lr_at(50) == pytest.approx(0.025)
     assert lr_at(100) == lr_at(10_000) == pytest.approx(0.04)
 
 
 def test_lr_is_not_scaled_with_adasum_or_when_asked_not_to():
-    for args in (lr_args(adasum=True), lr_args(no_lr_scaling=True)):
-        assert learning_rate_schedule(args, size=4, steps_per_epoch=100)(500) == pytest.approx(0.01)
+    from ringtrain.cli import horovod_config, parser
+    for flags in (["--adasum"], ["--no-lr-scaling"]):
+        horovod = horovod_config(parser().parse_args(flags))
+        lr_at = learning_rate_schedule(0.01, 4, 100, scale=horovod.lr_scaling, warmup_epochs=horovod.warmup_epochs)
+        assert lr_at(500) == pytest.approx(0.01)
 
 
 def test_lr_without_warmup_is_scaled_from_the_first_step():
-    assert learning_rate_schedule(lr_args(warmup_epochs=0), size=2, steps_per_epoch=100)(0) == pytest.approx(0.02)
+    assert learning_rate_schedule(0.01, size=2, steps_per_epoch=100, warmup_epochs=0)(0) == pytest.approx(0.02)
 
 
 # --- the PS launcher --------------------------------------------------------------
@@ -81,18 +80,20 @@ def test_staleness_counts_other_updates_between_read_and_apply():
     s.add(read_step=11, applied_step=14)  # two others landed in between
     assert s.as_list() == [2, 2, 2]
     assert s.histogram == {"0": 1, "2": 1}
-    reports = [WorkerReport(0, 2, {}, staleness=s.as_list(), staleness_histogram=s.histogram),
-               WorkerReport(1, 2, {}, staleness=[0, 2, 0], staleness_histogram={"0": 2})]
+    reports = [{"staleness": s.as_list(), "staleness_histogram": s.histogram},
+               {"staleness": [0, 2, 0], "staleness_histogram": {"0": 2}}]
     assert staleness_fields(reports) == {"staleness_mean": 0.5, "staleness_max": 2, "staleness_p50": 0,
                                          "staleness_p99": 2, "staleness_histogram": {"0": 3, "2": 1}}
 
 
 def test_every_mode_builds_the_same_summary_with_its_own_fields_added():
-    args = argparse.Namespace(model="mnist_mlp", dataset="mnist", lr=0.1)
+    from ringtrain.workloads.config import ModelConfig, RunConfig
+    config = RunConfig(ModelConfig("mnist_mlp"), None, None, None, flags={"dataset": "mnist", "lr": 0.1,
+                                                                            "model": "mnist_mlp"})
     dataset = argparse.Namespace(source="embedded")
     report = {"samples": 640.0, "seconds": 2.0, "windows": [320.0], "step_time_sec": 0.1,
               "window_spans_unix": [[0.0, 2.0, 640.0]]}
-    summary = build_summary("ps-sync", args, dataset, world_size=2, steps=20, epochs=0.5, train_loss=0.3,
+    summary = build_summary("ps-sync", config, dataset, world_size=2, steps=20, epochs=0.5, train_loss=0.3,
                             evaluation=Evaluation(90.0, 30.0, 100), wall_seconds=3.0, reports=[report, report],
                             num_ps=1)
     assert summary["test_accuracy"] == 0.9 and summary["test_loss"] == 0.3

@@ -86,7 +86,7 @@ def human_summary(s, path=None):
              f"in {s.get('wall_time_sec') or 0:.1f} s, {s.get('mode')} mode, {workers} worker(s)"]
     if s.get("test_accuracy") is not None:
         lines.append(f"test accuracy {100 * s['test_accuracy']:.2f} % on {s.get('test_samples')} "
-                     f"samples (loss {s['test_loss']:.4f})" + _train_loss(s.get("train_loss")))
+                     f"samples (loss {_number(s.get('test_loss'))})" + _train_loss(s.get("train_loss")))
     lines.append(f"throughput {s.get('images_per_sec') or 0:,.0f} img/s, measured across "
                  f"{workers} worker(s), warm-up excluded")
     if s.get("checkpoint"):
@@ -97,4 +97,9 @@ def human_summary(s, path=None):
 
 
 def _train_loss(value):
-    return "" if value is None else f"; train loss {value:.4f}"
+    return "" if value is None else f"; train loss {_number(value)}"
+
+
+def _number(value):
+    """A loss, or what it was when it is not a number (strict JSON writes null)."""
+    return "not a number" if value is None or value != value else f"{value:.4f}"

@@ -177,6 +177,11 @@ def _synthetic(image_shape, seed):
 
 # --- helpers ------------------------------------------------------------------
 
+def as_float(images):
+    """numpy uint8 -> float32 in [0, 1], for graph-mode feeds and evaluation."""
+    return images.astype(np.float32) / 255.0
+
+
 def _require_dir(data_dir):
     if not os.path.isdir(data_dir):
         raise UsageError(f"--data-dir {data_dir} does not exist or is not a directory")

@@ -1,5 +1,7 @@
 """Errors the CLIs print as one line: bad input (exit 2), a stopped run (exit 3)."""
 
+EXIT_STOPPED = 3  # training stopped on purpose (diverged, stalled, a full disk): resume it
+
 
 class UsageError(Exception):
     """Bad user input (flag, path, file). The message names it and the fix."""
@@ -36,7 +38,12 @@ def run_cli(prog, main, argv=None):
             sys.stderr.write(f"{prog}: error: {e}\n")
         else:
             _let_rank_0_speak()
-        return 3
+        # A stopped run ends now: TF's collective mode would wait at its shutdown barrier
+        # for workers still blocked in a collective with this one.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        import os
+        os._exit(EXIT_STOPPED)
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130

@@ -2,7 +2,7 @@
 summed loss over a rank's share of the test split, batch by batch."""
 from dataclasses import dataclass
 
-from ringtrain.workloads.pipeline import as_float
+from ringtrain.workloads.data import as_float
 from ringtrain.workloads.sharding import eval_shard
 
 EVAL_BATCH = 256
@@ -37,3 +37,15 @@ def evaluate(batch_metrics, dataset, rank=0, size=1, batch_size=EVAL_BATCH):
         correct, loss_sum = batch_metrics(as_float(dataset.test_images[rows]), dataset.test_labels[rows])
         total += Evaluation(float(correct), float(loss_sum), len(rows))
     return total
+
+
+def metrics_of(model):
+    """An eager model's metrics on a test batch, (correct, loss sum), traced
+    once and reused for the last, shorter batch; None for a model on the
+    simulated accelerator, which learns nothing worth evaluating."""
+    import tensorflow as tf
+    from ringtrain.workloads import models
+    if models.is_simulated(model):
+        return None
+    return tf.function(lambda images, labels: models.correct_and_loss_sum(model(images, False), labels),
+                       reduce_retracing=True)

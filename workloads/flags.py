@@ -55,9 +55,10 @@ def non_negative_float(text):
 
 
 def add_training_flags(parser, summary_json=True):
-    """The shared flags; summary_json=False leaves --summary-json to a
-    launcher that defines its own."""
-    g = parser.add_argument_group("model and data (shared by ringtrain and ps-baseline)")
+    """The flags every mode shares: the model and data, and what the one
+    training loop (workloads/loop.py) does in every mode. summary_json=False
+    leaves --summary-json to a launcher that defines its own."""
+    g = parser.add_argument_group("model and data (every mode)")
     g.add_argument("--model", default="mnist_cnn", choices=sorted(MODEL_SPECS), metavar="NAME",
                    help="one of: %(choices)s (default %(default)s)")
     g.add_argument("--dataset", choices=DATASETS, metavar="NAME",
@@ -77,7 +78,6 @@ def add_training_flags(parser, summary_json=True):
     g.add_argument("--seed", type=non_negative_int, default=0, help="weights and shuffling (default 0)")
     g.add_argument("--no-dropout", action="store_true",
                    help="disable dropout (deterministic runs, e.g. equivalence checks)")
-    g.add_argument("--checkpoint-dir", metavar="DIR", help="write checkpoints here")
     g.add_argument("--simulate-gpu", type=positive_float, metavar="MS",
                    help="a simulated accelerator: forward and backward become a wait of MS per step "
                         "that uses no CPU, spread over the layers in backprop order; the gradients "
@@ -85,14 +85,37 @@ def add_training_flags(parser, summary_json=True):
                         "run this way, by default with a published P100 step time)")
     g.add_argument("--threads", type=non_negative_int, default=0, metavar="T",
                    help="TF intra- and inter-op threads per worker (0: TF's default)")
-    g.add_argument("--warmup-steps", type=non_negative_int, default=3, metavar="K",
+
+    c = parser.add_argument_group("checkpoints (every mode; the chief writes them)")
+    c.add_argument("--checkpoint-dir", metavar="DIR", help="write checkpoints here")
+    c.add_argument("--checkpoint-every", type=positive_int, default=100, metavar="K",
+                   help="checkpoint every K steps and at the end (default %(default)s)")
+    c.add_argument("--keep-checkpoints", type=positive_int, default=3, metavar="K",
+                   help="keep the newest K (default %(default)s)")
+    c.add_argument("--resume", nargs="?", const="latest", metavar="CKPT",
+                   help="continue from CKPT (a prefix or directory), or with no value from the newest "
+                        "readable checkpoint in --checkpoint-dir, if any")
+
+    r = parser.add_argument_group("the run (every mode)")
+    r.add_argument("--warmup-steps", type=non_negative_int, default=3, metavar="K",
                    help="first K steps are not timed: tracing, graph optimisation, first "
                         "negotiations (default %(default)s)")
-    g.add_argument("--log-every", type=positive_int, default=20, metavar="K",
+    r.add_argument("--log-every", type=positive_int, default=20, metavar="K",
                    help="log a line every K steps (default %(default)s)")
+    r.add_argument("--log-dir", metavar="DIR", help="TensorBoard scalars (the chief writes them)")
     if summary_json:
-        g.add_argument("--summary-json", metavar="FILE",
+        r.add_argument("--summary-json", metavar="FILE",
                        help="also write the final JSON summary to FILE")
+    r.add_argument("--dump-weights", metavar="FILE",
+                   help="save each worker process's final weights to FILE ({rank} is replaced)")
+    r.add_argument("--on-nan", choices=("stop", "skip"), default="stop",
+                   help="a non-finite loss or gradient: stop at once with the step, the worker and the "
+                        "last good checkpoint (default), or skip that update and go on")
+    r.add_argument("--stall-timeout", type=non_negative_float, default=120.0, metavar="S",
+                   help="a worker that finishes no training step for S seconds is named: the job ends "
+                        "where training waits for it, and goes on without it where it can; 0 disables "
+                        "(default %(default)g)")
+
     m = parser.add_argument_group("measurement (every mode)")
     m.add_argument("--straggler", type=straggler.parse, metavar="RANK:FACTOR[:EVERY]",
                    help="make one worker (ring rank, PS worker task, tower) slow, as if its host were: "
@@ -105,16 +128,21 @@ def add_training_flags(parser, summary_json=True):
     return parser
 
 
-def check_measurement_flags(args):
-    """One line for half of the snapshot pair."""
+def check_shared_flags(args):
+    """The shared flags' own one-line checks (the outputs are checked by the caller)."""
     if bool(args.snapshot_every) != bool(args.snapshot_dir):
         raise UsageError("--snapshot-every K and --snapshot-dir DIR go together: give both")
+    if args.resume == "latest" and not args.checkpoint_dir:
+        raise UsageError("--resume needs --checkpoint-dir DIR: the folder to resume from (or name a checkpoint: "
+                         "--resume CKPT)")
+    if args.epochs == 0 and not args.steps:
+        raise UsageError("--epochs 0 trains nothing: give --epochs >= 1 or --steps K")
 
 
 def load_training_data(args):
     """The dataset the flags name (default: the model's own), checked against
     the model. Numpy only: bad input fails before TensorFlow is imported."""
-    check_measurement_flags(args)
+    check_shared_flags(args)
     if args.dataset is None:
         args.dataset = MODEL_SPECS[args.model].default_dataset
     dataset = data.load(args.dataset, args.data_dir, MODEL_SPECS[args.model].image_shape, args.seed)

@@ -33,7 +33,7 @@ def knob_env(cycle_time_ms=None, fusion_threshold_mb=None, timeline=None, loop=N
 
 # OpenMPI 4.1's allreduce algorithms (coll/tuned), by the number its MCA parameter takes.
 # Its own choice by size and rank count is often recursive doubling or Rabenseifner,
-# not the seeds' ring: ring mode asks for the ring (scatter-reduce, then allgather).
+# not the classic distributed-TensorFlow tutorials' ring: ring mode asks for the ring (scatter-reduce, then allgather).
 MPI_ALLREDUCE_ALGORITHMS = {"basic_linear": 1, "nonoverlapping": 2, "recursive_doubling": 3, "ring": 4,
                             "segmented_ring": 5, "rabenseifner": 6}
 

@@ -2,7 +2,7 @@
 
 They are tf.Modules over raw tf.Variables, not Keras layers, because the same
 definition must run in three places: a tf.function under Horovod, TF2's
-ParameterServerStrategy, and the seeds' tf.compat.v1 graph-mode PS, where
+ParameterServerStrategy, and the classic distributed-TensorFlow tutorials' tf.compat.v1 graph-mode PS, where
 Keras 3 layers do not work. Initial values come from a seeded numpy RNG, so
 every process, in every mode, starts from identical weights.
 
@@ -55,7 +55,7 @@ class Model(tf.Module):
 
 
 class MnistMLP(Model):
-    """784-500-500-10, the seeds' model."""
+    """784-500-500-10, the classic distributed-TensorFlow tutorials' model."""
     catalog_name = "mnist_mlp"
 
     def __init__(self, seed=0, make_variable=default_variable):

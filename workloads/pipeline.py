@@ -1,5 +1,4 @@
 """tf.data input pipelines over a Dataset and a rank's shard."""
-import numpy as np
 import tensorflow as tf
 
 from ringtrain.workloads.sharding import epoch_shard
@@ -41,8 +40,3 @@ def batches_from(dataset, rank, size, batch_size, seed, epoch, skip_batches=0, t
         for done, batch in enumerate(batches, start=skip_batches + 1):
             yield epoch, done, batch
         epoch, skip_batches = epoch + 1, 0
-
-
-def as_float(images):
-    """numpy uint8 -> float32 in [0, 1], for graph-mode feeds."""
-    return images.astype(np.float32) / 255.0

@@ -12,6 +12,7 @@ import sys
 import time
 
 from ringtrain.workloads import threadcpu
+from ringtrain.workloads.numbers import percentile
 
 # Set by a launcher that reads a task's summary from its output: the printed
 # line then holds everything, per-window rates included.
@@ -112,17 +113,10 @@ class StepTimer:
                 "step_time_sec": self.seconds / timed_steps if timed_steps > 0 else 0.0,
                 "window_spans_unix": self.window_spans_unix, "host": socket.gethostname(),
                 "timed_steps": max(timed_steps, 0), "net_rx_bytes": net[0], "net_tx_bytes": net[1],
-                "cpu_pct_of_core": cpu, "step_time_p50_sec": _percentile(self.step_seconds, 50),
-                "step_time_p99_sec": _percentile(self.step_seconds, 99),
+                "cpu_pct_of_core": cpu, "step_time_p50_sec": percentile(self.step_seconds, 50),
+                "step_time_p99_sec": percentile(self.step_seconds, 99),
                 "updates_timed": (self._updates[1] - self._updates[0]
                                   if None not in self._updates else None)}
-
-
-def _percentile(values, q):
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]  # nearest rank
 
 
 def _cpu_reading():
@@ -153,20 +147,20 @@ def measured_throughput(reports):
     }
 
 
-def build_summary(mode, args, dataset, *, world_size, steps, epochs, train_loss, evaluation,
+def build_summary(mode, config, dataset, *, world_size, steps, epochs, train_loss, evaluation,
                   wall_seconds, reports, **mode_fields):
-    """The final summary, one format for every mode: what ran, how well it
-    learned (`evaluation`: workloads.evaluation.Evaluation over the whole test
-    split), and the throughput measured from every worker's `reports`
-    (StepTimer.report()). Mode-specific fields (controller, num_ps,
-    staleness, placement, checkpoint...) come in as keywords."""
+    """The final summary, one format for every mode: what ran (`config`: the
+    run's workloads.config.RunConfig), how well it learned (`evaluation`:
+    workloads.evaluation.Evaluation over the whole test split), and the
+    throughput measured from every worker's `reports` (StepTimer.report()).
+    Mode-specific fields (controller, num_ps, staleness, placement...) come in
+    as keywords."""
     return {
-        "mode": mode, "model": args.model, "dataset": args.dataset, "data_source": dataset.source,
-        "world_size": world_size, "steps": int(steps), "epochs": epochs, "train_loss": train_loss,
-        "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
+        "mode": mode, "model": config.model.name, "dataset": config.flags.get("dataset"),
+        "data_source": dataset.source, "world_size": world_size, "steps": int(steps), "epochs": epochs,
+        "train_loss": train_loss, "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
         "test_samples": int(evaluation.samples), "wall_time_sec": wall_seconds,
-        **measured_throughput(reports), **mode_fields,
-        "config": dict(sorted(vars(args).items())),
+        **measured_throughput(reports), **mode_fields, "config": config.flags,
     }
 
 
@@ -188,12 +182,17 @@ def dumps(value, **kw):
     return json.dumps(strict(value), allow_nan=False, default=str, **kw)
 
 
+# Left out of the printed line (mpirun's output forwarding splits lines near 2 KB),
+# kept in the --summary-json file.
+FILE_ONLY_FIELDS = ("window_images_per_sec", "window_spans_unix", "config")
+
+
 def emit(summary, path=None, stream=None):
-    """Print the summary as the last stdout line, less the per-window rates
-    (launchers split very long lines); write all of it atomically to path."""
+    """Print the summary as the last stdout line, less what only the file
+    keeps (FILE_ONLY_FIELDS); write all of it atomically to path."""
     stream = stream or sys.stdout
     shown = summary if os.environ.get(FULL_SUMMARY_LINE_ENV) else \
-        {k: v for k, v in summary.items() if k not in ("window_images_per_sec", "window_spans_unix")}
+        {k: v for k, v in summary.items() if k not in FILE_ONLY_FIELDS}
     stream.write(dumps(shown, sort_keys=True) + "\n")
     stream.flush()
     if path:

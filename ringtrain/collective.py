@@ -1,0 +1,206 @@
+"""Synchronous data-parallel training over TensorFlow's own collective
+all-reduce (`ringtrain --backend tf-collective`):
+tf.distribute.MultiWorkerMirroredStrategy. With CommunicationImplementation
+RING (the default here) TF's RingReducer runs a two-pass ring, scatter-reduce
+then allgather, between the workers' gRPC servers; on GPUs, NCCL may carry it.
+
+The same models, data, shards, lr schedule and loop as ring mode (Horovod);
+only how the workers meet and agree differs. Lines that distribution adds
+are marked `# TF:`. The workers find each other through TF_CONFIG, set by
+the user as TF's documentation does it, or made here from mpirun's ranks.
+"""
+import json
+import os
+import pickle
+import socket
+
+import numpy as np
+
+from ringtrain.multihost import mpi_cluster
+from ringtrain.workloads import loop
+from ringtrain.workloads.checkpoints import ObjectStore, Progress
+from ringtrain.workloads.errors import UsageError
+from ringtrain.workloads.schedule import learning_rate_schedule
+from ringtrain.workloads.sharding import steps_per_epoch
+from ringtrain.workloads.straggler import check as check_straggler
+
+
+def cluster():
+    """(this worker's index, every worker's host:port) from TF_CONFIG, which a
+    user sets as TF's documentation does; under mpirun, made from the ranks
+    (ports chosen on each host, shared through MPI) and exported; without
+    either, one worker alone: (0, []). Checked before TensorFlow loads."""
+    text = os.environ.get("TF_CONFIG")
+    if not text:
+        if not mpi_cluster.under_mpi():
+            return 0, []
+        rank, workers = mpi_cluster.addresses()
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
+                                              "task": {"type": "worker", "index": rank}})
+        return rank, workers
+    try:
+        tf_config = json.loads(text)
+        workers, task = tf_config["cluster"]["worker"], tf_config["task"]
+        index = int(task["index"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"TF_CONFIG is not TF's cluster description ({type(e).__name__}: {e}): set it as "
+                         '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": I}}') \
+            from None
+    if set(tf_config["cluster"]) - {"worker", "chief"} or task.get("type") != "worker":
+        raise UsageError("TF_CONFIG: TF's collective mode runs workers only: give cluster.worker and a task of "
+                         "type worker (a PS cluster is ps-baseline's)")
+    if not isinstance(workers, list) or not 0 <= index < len(workers):
+        raise UsageError(f"TF_CONFIG: task index {index} is not one of the {len(workers)} worker(s): use "
+                         f"0..{len(workers) - 1}")
+    return index, workers
+
+
+def train(config, collective, cluster, dataset):
+    """config: the shared RunConfig; collective: ringtrain.cli.CollectiveConfig;
+    cluster: (this worker's index, every worker's host:port), from cluster()."""
+    rank, workers = cluster
+    size = max(len(workers), 1)
+    check_straggler(config.loop.straggler, size)
+    import tensorflow as tf
+    from ringtrain.workloads import pipeline
+    from ringtrain.workloads.devices import local_index, pin_gpu
+    from ringtrain.workloads.evaluation import metrics_of
+    from ringtrain.workloads.tfenv import set_threads
+    set_threads(config.data.threads)  # (before the strategy: TF's runtime starts with it)
+    # The loop's small gathers and sums (a log line's loss, the end's reports) make TF
+    # retrace its gather for each new shape and say so, again and again: not news.
+    tf.get_logger().setLevel("ERROR")
+    # TF: pin each worker to the GPU of its place among its host's workers, where there are GPUs.
+    device = pin_gpu(local_index(workers, rank) if workers else 0)
+    if workers:
+        print(f"ringtrain: worker {rank}: warning: TF's gRPC server at {workers[rank]} listens on every interface "
+              "and runs any op sent to it, without authentication: keep that port closed to all but the "
+              "cluster's hosts", flush=True)
+    # TF: the strategy connects every worker (it waits for all of them) and, with RING,
+    # reduces with TF's ring: scatter-reduce, then allgather.
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=collective.communication))
+    with strategy.scope():
+        # TF: the variables are mirrored on every worker; updates are applied to all alike.
+        model = config.model.build()
+        optimizer = config.optimizer.keras()
+        optimizer.build(model.trainable_variables)
+
+    agree = CollectiveAgreement(tf, strategy, rank, size)
+    per_epoch = steps_per_epoch(len(dataset.train_labels), size, config.data.batch_size)
+    names = lambda r: f"worker {r} ({agree.hosts()[r]})"
+    run = loop.Training(config, loop.Mode(
+        "tf-collective", "ringtrain", size, local_workers=(rank,), speaks=rank == 0, names=names,
+        servers=[(f"worker {r}", address) for r, address in enumerate(workers) if r != rank], device=device),
+        dataset, per_epoch, agree=agree, store=ObjectStore(config.loop.keep_checkpoints, model=model,
+                                                           optimizer=optimizer))
+    # TF: every worker starts from worker 0's weights, optimizer state and progress.
+    progress = agree.broadcast(run.resume()) or Progress()
+    agree.broadcast_variables(list(model.variables) + list(optimizer.variables))
+    # TF: the lr grows with the worker count, after a warm-up, as in ring mode.
+    lr_at = learning_rate_schedule(config.optimizer.lr, size, per_epoch, scale=collective.lr_scaling,
+                                   warmup_epochs=collective.warmup_epochs)
+    train_step = make_train_step(tf, strategy, model, optimizer)
+
+    def step(number, batch, _):
+        optimizer.learning_rate.assign(lr_at(number - 1))
+        loss_sum, samples, applied = train_step(*batch)
+        return loop.StepResult(loss_sum, samples, bool(applied), job_samples=float(batch[3]))
+
+    # TF: each worker reads its own disjoint shard of every epoch.
+    batches = pipeline.batches_from(dataset, rank, size, config.data.batch_size, config.data.seed, progress.epoch,
+                                    progress.batches_done(size, config.data.batch_size), config.data.threads)
+    run.run(step, batches, start=progress, learning_rate=lambda number: lr_at(number - 1),
+            describe=f"{size} worker(s) x batch {config.data.batch_size}", metrics=metrics_of(model),
+            read_weights=lambda: [(v.name, v.numpy()) for v in model.variables],
+            fields=lambda reports: dict(
+                controller="tf", allreduce_algorithm=implementation_in_effect(tf, collective.communication),
+                gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables)))
+    return 0
+
+
+def make_train_step(tf, strategy, model, optimizer):
+    from ringtrain.workloads import models
+    from ringtrain.workloads.gradients import apply_if_finite
+
+    def replica_step(images, labels, weights, global_count):
+        with tf.GradientTape() as tape:
+            loss_sum = tf.reduce_sum(weights * models.per_example_loss(model(images, True), labels))
+            # TF: divided by the global batch's samples, the SUM of the workers'
+            # gradients is exactly the global batch's gradient.
+            loss = loss_sum / global_count
+        grads = tape.gradient(loss, model.trainable_variables)
+        # TF: the optimizer all-reduces the gradients (SUM, every gradient packed into one
+        # collective) and applies the sum on every worker alike; the workers first agree
+        # whether it is finite, so that all of them apply it, or skip it, together.
+        applied = apply_if_finite(optimizer, grads, model.trainable_variables, agree=True)
+        return loss_sum, tf.reduce_sum(weights), applied
+
+    @tf.function
+    def train_step(images, labels, weights, global_count):
+        results = strategy.run(replica_step, args=(images, labels, weights, global_count))
+        return [strategy.experimental_local_results(r)[0] for r in results]
+
+    return train_step
+
+
+def implementation_in_effect(tf, asked):
+    """What carried the gradients: TF's ring on CPU, whatever was asked (NCCL needs GPUs)."""
+    if asked in ("AUTO", "NCCL") and tf.config.list_physical_devices("GPU"):
+        return f"tf {'nccl' if asked == 'NCCL' else 'auto (nccl on GPUs)'}"
+    return "tf ring" + (f" ({asked} asked; no GPU)" if asked != "RING" else "")
+
+
+class CollectiveAgreement:
+    """How the workers agree on a sum, a gather or a broadcast: TF's own
+    collectives (every worker makes the same calls, in the same order)."""
+    in_lockstep = True
+
+    def __init__(self, tf, strategy, rank, size):
+        self.tf, self.strategy, self.rank, self.size = tf, strategy, rank, size
+        self._hosts = None
+
+    def sum(self, values):
+        total = self.strategy.reduce("SUM", self.tf.constant(values, self.tf.float64), axis=None)
+        return [float(v) for v in total.numpy()]
+
+    def gather(self, obj, gone=None):
+        """Every worker's obj, in worker order: pickled (as Horovod's
+        allgather_object does; it travels between this job's own workers only)
+        and widened to int32, which TF's collective gather takes."""
+        data = np.frombuffer(pickle.dumps(obj), np.uint8).astype(np.int32)
+        lengths = self.strategy.gather(self.tf.constant([len(data)]), axis=0).numpy()
+        joined = self.strategy.gather(self.tf.constant(data), axis=0).numpy().astype(np.uint8).tobytes()
+        out, at = [], 0
+        for length in lengths:
+            out.append(pickle.loads(joined[at:at + length]))
+            at += length
+        return out
+
+    def broadcast(self, obj):
+        return self.gather(obj)[0]
+
+    def broadcast_variables(self, variables):
+        """Worker 0's values into every worker's variables: one summed collective
+        per dtype, every other worker adding zeros."""
+        tf = self.tf
+        # (in the same order on every worker: a set's order differs between processes)
+        dtype_of = lambda v: tf.as_dtype(v.dtype)  # (a Keras variable's is a string)
+        for dtype in sorted({dtype_of(v) for v in variables}, key=lambda d: d.name):
+            group = [v for v in variables if dtype_of(v) == dtype]
+            mine = tf.concat([tf.reshape(v, [-1]) if self.rank == 0 else tf.zeros([v.shape.num_elements()], dtype)
+                              for v in group], 0)
+            flat, at = self.strategy.reduce("SUM", mine, axis=None), 0
+            for v in group:
+                n = v.shape.num_elements()
+                v.assign(tf.reshape(flat[at:at + n], v.shape))
+                at += n
+
+    def hosts(self):
+        if self._hosts is None:
+            self._hosts = self.gather(socket.gethostname())
+        return self._hosts
+
+    def evaluation_share(self):
+        return self.rank, self.size

@@ -1,0 +1,80 @@
+"""Synchronous data parallelism is correct under every launcher: 2 ranks at
+batch b end with identical weights (bit for bit) that equal one process
+trained on batch 2b, to float tolerance. One run per launcher proves both,
+on this machine and across simulated hosts, for Horovod (MPI and Gloo) and
+for TensorFlow's collective mode."""
+import json
+import os
+
+import pytest
+
+from helpers import BIN, ENV, ONE_THREAD, Tasks, assert_same_weights, horovodrun, mpirun, run_ok, weights
+from ringtrain.multihost.net import free_ports
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+# SGD, no lr scaling or warm-up, no dropout: the updates are a pure function of the data.
+DETERMINISTIC = ["--model", "mnist_mlp", "--optimizer", "sgd", "--lr", "0.05", "--no-lr-scaling",
+                 "--warmup-epochs", "0", "--no-dropout", "--log-every", "1000", "--steps", "8", *ONE_THREAD]
+COLLECTIVE = ["--backend", "tf-collective"]
+
+
+@pytest.fixture(scope="module")
+def one_process_on_the_global_batch(tmp_path_factory):
+    """The reference: one process, batch 32."""
+    dump = str(tmp_path_factory.mktemp("one") / "w-{rank}.npz")
+    run_ok([os.path.join(BIN, "ringtrain"), *DETERMINISTIC, "--batch-size", "32", "--dump-weights", dump])
+    return weights(dump, 0)
+
+
+def on_this_machine(launcher, dump, tmp_path):
+    args = [*DETERMINISTIC, "--batch-size", "16", "--dump-weights", dump]
+    if launcher == "tf-collective-tf-config":
+        return tf_config_workers(args, tmp_path)
+    cmd = {"horovodrun": lambda: horovodrun(2, *args),
+           "horovodrun-gloo": lambda: horovodrun(2, *args, gloo=True),
+           "mpirun": lambda: mpirun(2, *args),
+           "tf-collective-mpirun": lambda: mpirun(2, *args, *COLLECTIVE)}[launcher]()
+    run_ok(cmd, timeout=240)
+
+
+def tf_config_workers(args, tmp_path):
+    """TF's collective mode as TF's documentation launches it: one process per
+    worker, each with TF_CONFIG naming the cluster and its own index."""
+    workers = [f"localhost:{port}" for port in free_ports(2)]
+    with Tasks(str(tmp_path)) as tasks:
+        for index in range(2):
+            tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+            tasks.start(f"worker{index}", ["env", f"TF_CONFIG={tf_config}", os.path.join(BIN, "ringtrain"),
+                                           *COLLECTIVE, *args])
+        for index in range(2):
+            assert tasks.wait(f"worker{index}", 240) == 0, tasks.log(f"worker{index}")[-3000:]
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun-gloo", "mpirun", "tf-collective-mpirun",
+                                      "tf-collective-tf-config"])
+def test_two_ranks_are_identical_and_equal_one_process_on_the_global_batch(
+        launcher, tmp_path, one_process_on_the_global_batch):
+    dump = str(tmp_path / "w-{rank}.npz")
+    on_this_machine(launcher, dump, tmp_path)
+    assert_same_weights(weights(dump, 0), weights(dump, 1), exact=True)
+    assert_same_weights(weights(dump, 0), one_process_on_the_global_batch)
+
+
+@pytest.mark.parametrize("launcher", ["mpirun-hostfile", "horovodrun", "horovodrun-gloo", "tf-collective-mpirun"])
+def test_across_hosts_too(cluster, launcher, tmp_path, one_process_on_the_global_batch):
+    from helpers import last_json
+    hosts = tmp_path / "hosts"
+    hosts.write_text("h1 slots=1\nh2 slots=1\n")
+    ringtrain = os.path.join(BIN, "ringtrain")
+    start = {"mpirun-hostfile": ["mpirun", "--hostfile", str(hosts), ringtrain],
+             "tf-collective-mpirun": ["mpirun", "--hostfile", str(hosts), ringtrain, *COLLECTIVE],
+             "horovodrun": [os.path.join(BIN, "horovodrun"), "-H", "h1:1,h2:1", ringtrain],
+             "horovodrun-gloo": [os.path.join(BIN, "horovodrun"), "--gloo", "-H", "h1:1,h2:1", ringtrain]}[launcher]
+    dump, summary = str(tmp_path / "w-{rank}.npz"), tmp_path / "s.json"
+    on = [os.path.join(BIN, "ringtrain-cluster"), "--name", cluster.name, "exec", "h1", "--"]
+    run_ok([*on, *start, *DETERMINISTIC, "--batch-size", "16", "--dump-weights", dump, "--summary-json",
+            str(summary)], timeout=240, env=ENV)
+    assert last_json(summary.read_text())["hosts"] == ["h1", "h2"]
+    assert_same_weights(weights(dump, 0), weights(dump, 1), exact=True)
+    assert_same_weights(weights(dump, 0), one_process_on_the_global_batch)

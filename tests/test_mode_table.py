@@ -1,0 +1,307 @@
+"""The README's mode-by-feature table, walked cell by cell: each mode, with
+two workers on this machine, runs each cross-cutting feature as its cell
+says. The table is read from the README, so the README cannot drift from
+what runs.
+
+A few runs per mode serve all its cells: one that checkpoints with a
+straggler, snapshots and a diverging lr under --on-nan skip (on a terminal,
+for the progress bar); a resume from it after its newest checkpoint was cut
+short; a diverging run under --on-nan stop; a run on a full disk; and one
+with a frozen worker."""
+import functools
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from helpers import BIN, ONE_THREAD, PS_BASELINE, REPO, Tasks, last_json, run, run_in_terminal
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+README = pathlib.Path(REPO) / "README.md"
+SMALL = ["--model", "mnist_mlp", "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.05", *ONE_THREAD]
+DIVERGING = ["--lr", "1e6"]
+STALL = 6  # --stall-timeout of the frozen-worker runs
+MARGIN = 20  # a frozen worker ends the job within --stall-timeout plus this
+
+
+def read_table():
+    """{mode: {feature: cell}} and the features, in the README's order."""
+    text = README.read_text()
+    lines = text[text.index("## What every mode does"):].splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = lines[first:next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table]
+    header = [h.strip("`") for h in rows[0]]
+    return {row[0]: dict(zip(header[2:], row[2:])) for row in rows[2:]}, header[2:]
+
+
+TABLE, FEATURES = read_table()
+
+
+def command(mode, tmp):
+    """How a user starts `mode` with two workers on this machine."""
+    ringtrain = os.path.join(BIN, "ringtrain")
+    launch = [*PS_BASELINE, "launch", "--num-ps", "1", "--num-workers", "2"]
+    if mode == "elastic ring":
+        hosts = tmp / "elastic-hosts"
+        hosts.write_text("localhost:2\n")
+        return ["env", f"RINGTRAIN_ELASTIC_HOSTS={hosts}", os.path.join(BIN, "horovodrun"), "--gloo", "-np", "2",
+                "--min-np", "2", "--max-np", "2", "--host-discovery-script",
+                os.path.join(REPO, "mpi_hostfiles", "discover_hosts.sh"), ringtrain, "--elastic", "--commit-every", "2"]
+    mpirun = ["mpirun", "-np", "2", "-x", "PATH", "-x", "PYTHONUNBUFFERED", ringtrain]
+    return {"ring": mpirun, "TF collective": [*mpirun, "--backend", "tf-collective"],
+            "PS async": launch, "PS sync": [*launch, "--sync"],
+            "in-graph": [*launch, "--replication", "in-graph"], "TF2 PS": [*launch, "--api", "tf2"],
+            "towers": [*PS_BASELINE, "towers", "--towers", "2"]}[mode]
+
+
+def expected_steps(mode, steps):
+    """The summary's steps for --steps S: updates, which in async PS are every worker's own steps."""
+    return 2 * steps if mode in ("PS async", "TF2 PS") else steps
+
+
+# --- the runs each mode's cells share ------------------------------------------------------
+
+class Runs:
+    def __init__(self, mode, folder):
+        self.mode, self.folder = mode, folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def argv(self, *flags):
+        return [*command(self.mode, self.folder), *SMALL, *flags]
+
+    @functools.cached_property
+    def first(self):
+        """8 steps, checkpoints every 4, worker 1 at 3x, snapshots every 4, and a
+        diverging lr skipped (--on-nan skip), on a terminal."""
+        self.checkpoints, self.snapshots = self.folder / "ckpt", self.folder / "snapshots"
+        self.summary_path = self.folder / "summary.json"
+        done = run_in_terminal(self.argv(*DIVERGING, "--on-nan", "skip", "--steps", "8", "--log-every", "2",
+                                         "--checkpoint-dir", str(self.checkpoints), "--checkpoint-every", "4",
+                                         "--straggler", "1:3", "--snapshot-every", "4",
+                                         "--snapshot-dir", str(self.snapshots),
+                                         "--summary-json", str(self.summary_path)), timeout=180)
+        assert done.returncode == 0, done.output[-4000:]
+        return done
+
+    @functools.cached_property
+    def summary(self):
+        self.first
+        return last_json(self.summary_path.read_text())
+
+    @functools.cached_property
+    def resumed(self):
+        """12 steps with --resume, after the newest checkpoint of the first run was cut short."""
+        import tensorflow as tf
+        self.first
+        newest = tf.train.latest_checkpoint(str(self.checkpoints))
+        data = next(pathlib.Path(self.checkpoints).glob(os.path.basename(newest) + ".data-*"))
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])  # as a crash mid-write would
+        # (--on-nan skip: it goes on from the first run's diverged weights)
+        done = run(self.argv("--steps", "12", "--log-every", "4", "--checkpoint-dir", str(self.checkpoints),
+                             "--resume", "--on-nan", "skip"), timeout=180)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return newest, done
+
+
+RUNS = {}
+
+
+@pytest.fixture
+def runs(mode, tmp_path_factory):
+    if mode not in RUNS:
+        RUNS[mode] = Runs(mode, tmp_path_factory.mktemp(re.sub(r"\W+", "-", mode)))
+    return RUNS[mode]
+
+
+def error_lines(text):
+    """The trainers' error lines (not the launcher's own status line after them: horovodrun
+    says which process ended first, as mpirun's banner does)."""
+    return [line for line in text.splitlines() if ": error:" in line and not line.startswith("horovodrun: error:")]
+
+
+# --- each feature's check -------------------------------------------------------------------
+
+def check_resume(runs, cell):
+    _, done = runs.resumed
+    start = int(re.search(r"steps (\d+)\.\.", done.stdout).group(1))
+    assert 0 < start < expected_steps(runs.mode, 12), done.stdout[-3000:]
+    assert last_json(done.stdout)["steps"] == expected_steps(runs.mode, 12)
+
+
+def check_checkpoint_fallback(runs, cell):
+    newest, done = runs.resumed
+    said = done.stdout + done.stderr
+    assert f"warning: checkpoint {newest} is unreadable (" in said and ", the newest that reads" in said, said[-3000:]
+
+
+def check_full_disk(runs, cell, small_disk):
+    ckpt = small_disk / "ckpt"
+    done = run(runs.argv("--steps", "12", "--checkpoint-every", "4", "--checkpoint-dir", str(ckpt)), timeout=180)
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    said = [line for line in error_lines(done.stdout + done.stderr) if "cannot write the checkpoint of step" in line]
+    assert len(said) == 1 and "no space left on device; the last good checkpoint is" in said[0], said
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not [name for name in os.listdir(ckpt) if "temp" in name]
+    # the older checkpoint it names is kept, whole
+    import tensorflow as tf
+    good = re.search(r"the last good checkpoint is (\S+): ", said[0]).group(1)
+    assert tf.train.load_checkpoint(good).get_variable_to_shape_map(), good
+
+
+def check_on_nan_stop(runs, cell):
+    done = run(runs.argv(*DIVERGING, "--steps", "30", "--log-every", "100"), timeout=180)
+    said = done.stdout + done.stderr
+    assert done.returncode == 3 and "Traceback" not in said, said[-3000:]
+    lines = [line for line in error_lines(said) if "non-finite loss at step" in line]
+    assert lines and all("training stopped before applying it" in line and "--on-nan skip" in line
+                         for line in lines), said[-3000:]
+
+
+def check_on_nan_skip(runs, cell):
+    assert runs.summary["skipped_steps"] > 0, runs.summary
+    assert "update skipped (--on-nan skip)" in runs.first.output
+
+
+def check_stall_timeout(runs, cell):
+    frozen = frozen_worker(runs)
+    assert frozen.seconds < STALL + MARGIN, frozen.log[-3000:]
+    if runs.mode == "PS async":  # training goes on without it
+        assert frozen.code == 0 and "training goes on without it" in frozen.log, frozen.log[-3000:]
+        assert '"reporting_workers": [0]' in frozen.log
+        return
+    lines = error_lines(frozen.log)
+    assert frozen.code != 0 and len(lines) == 1 and "Traceback" not in frozen.log, frozen.log[-3000:]
+    assert frozen.named in lines[0], lines
+
+
+def check_straggler(runs, cell):
+    waited = runs.summary["straggler"]["waited_sec"]
+    assert len(waited) == 2 and waited[0] == 0 and waited[1] > 0, waited
+
+
+def check_snapshot_every(runs, cell):
+    from ringtrain.workloads import snapshots
+    records = snapshots.read(str(runs.snapshots))
+    assert [r["step"] for r in records][:2] == [4, 8] and all(r["samples_seen"] > 0 for r in records), records
+    assert snapshots.load(str(runs.snapshots), records[0])
+
+
+def check_gpu_pinning(runs, cell):
+    # No GPU here: each process says what it computes on, and it is the CPU.
+    devices = runs.summary["worker_devices"]
+    assert devices and all(isinstance(d, str) and d for d in devices), devices
+    assert all("CPU" in d or "workers' own" in d for d in devices), devices
+
+
+SHARED_FIELDS = {"mode", "model", "world_size", "steps", "images_per_sec", "images_per_sec_per_worker",
+                 "step_time_p50_sec", "test_accuracy", "train_loss", "hosts", "worker_devices", "checkpoint",
+                 "skipped_steps", "straggler", "wall_time_sec", "config"}
+
+
+def check_summary_json(runs, cell):
+    assert SHARED_FIELDS <= set(runs.summary), SHARED_FIELDS - set(runs.summary)
+    assert runs.summary["world_size"] == 2 and runs.summary["steps"] == expected_steps(runs.mode, 8)
+
+
+def check_progress(runs, cell):
+    output = runs.first.output.replace("\r\n", "\n")  # (a terminal ends lines with \r\n)
+    if cell == "bar":
+        assert re.search(r"\r.*\[#+\.*\] ", output), output[-2000:]
+    else:
+        assert cell.startswith("lines") and re.search(r"step 4/8", output) and "\r[" not in output, output[-2000:]
+
+
+CHECKS = {"--resume": check_resume, "checkpoint fallback": check_checkpoint_fallback, "full disk": check_full_disk,
+          "--on-nan stop": check_on_nan_stop, "--on-nan skip": check_on_nan_skip,
+          "--stall-timeout": check_stall_timeout, "--straggler": check_straggler,
+          "--snapshot-every": check_snapshot_every, "GPU pinning": check_gpu_pinning,
+          "--summary-json": check_summary_json, "progress": check_progress}
+
+
+def test_the_table_names_every_mode_and_every_feature_once():
+    assert set(FEATURES) == set(CHECKS) and len(FEATURES) == len(CHECKS)
+    assert set(TABLE) == {"ring", "elastic ring", "TF collective", "PS async", "PS sync", "in-graph", "TF2 PS",
+                          "towers"}
+
+
+@pytest.mark.parametrize("mode,feature", [(m, f) for m in TABLE for f in FEATURES])
+def test_every_cell_of_the_table(mode, feature, runs, request):
+    cell = TABLE[mode][feature]
+    assert cell.startswith("✓") or cell.startswith("bar") or cell.startswith("lines"), \
+        f"{mode} / {feature}: a cell is ✓, bar or lines (no mode refuses a feature): {cell!r}"
+    check = CHECKS[feature]
+    extra = {"small_disk": request.getfixturevalue("small_disk")} if feature == "full disk" else {}
+    check(runs, cell, **extra)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MB tmpfs of our own: one mnist_mlp checkpoint (SGD, 2.6 MB) fits, a second does not."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a file system needs root")
+    path = tmp_path / "small"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "ringtrain-test-small", str(path)], check=True)
+    yield path
+    subprocess.run(["umount", str(path)], check=True)
+
+
+# --- a frozen worker ---------------------------------------------------------------------------
+
+class Frozen:
+    def __init__(self, code, log, seconds, named):
+        self.code, self.log, self.seconds, self.named = code, log, seconds, named
+
+
+def frozen_worker(runs):
+    """Worker 1 frozen (SIGSTOP: alive, holding its sockets, doing nothing) once
+    training is under way; towers, one process, stalls on a step that never ends.
+    Returns how the job ended, and what the line that ends it must name."""
+    import psutil
+    mode, flags = runs.mode, ["--stall-timeout", str(STALL), "--log-every", "10"]
+    named = {"ring": "rank 1 (", "elastic ring": "rank ", "TF collective": "worker 1 (", "PS sync": "worker 1 at localhost:",
+             "in-graph": "worker task 1 (tower 1)", "TF2 PS": "worker task 1 at", "PS async": "worker 1 at",
+             "towers": "the training step has not returned"}[mode]
+    if mode == "towers":
+        flags += ["--straggler", "1:100000"]  # tower 1's every step waits 100000 times its compute
+    steps = ["--steps", "400", "--simulate-gpu", "30"] if mode == "PS async" else ["--steps", "100000"]
+    with Tasks(str(runs.folder)) as tasks:
+        name = "stall-" + re.sub(r"\W+", "-", mode)
+        job = tasks.start(name, runs.argv(*flags, *steps))
+        if mode == "towers":
+            tasks.wait_for_text(name, "steps 0..", 120)
+            started = time.monotonic()
+            code = tasks.wait(name, STALL + MARGIN + 30)
+            return Frozen(code, tasks.log(name), time.monotonic() - started - STALL, named)
+        tasks.wait_for_text(name, "step 20/", 150)
+        victim = worker_1(psutil.Process(job.pid).children(recursive=True), mode)
+        victim.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        try:
+            code = tasks.wait(name, STALL + MARGIN + (60 if mode == "PS async" else 0))
+        finally:
+            try:
+                victim.send_signal(signal.SIGCONT)
+            except psutil.Error:
+                pass
+        seconds = time.monotonic() - started if mode != "PS async" else 0
+        return Frozen(code, tasks.log(name), seconds, named)
+
+
+def worker_1(processes, mode):
+    """Rank 1 (mpirun's rank, or horovodrun's first assignment), or PS worker task 1."""
+    def argv_env(p):
+        try:
+            return p.cmdline(), p.environ()
+        except Exception:  # noqa: BLE001 -- gone, or not ours to read
+            return [], {}
+    if mode in ("ring", "elastic ring", "TF collective"):
+        ranks = [p for p in processes if argv_env(p)[0][1:2] and argv_env(p)[0][1].endswith("bin/ringtrain")]
+        rank = "OMPI_COMM_WORLD_RANK" if mode != "elastic ring" else "HOROVOD_RANK"
+        return next(p for p in ranks if argv_env(p)[1].get(rank) == "1")
+    return next(p for p in processes if "--job_name=worker" in argv_env(p)[0] and "--task_index=1" in argv_env(p)[0])
