@@ -40,7 +40,7 @@ GRPC_MAX_BYTES = 128 << 20  # gRPC moves ~1 GB/s here: larger sizes only cost mi
 COLUMNS = [("impl", "impl"), ("ranks", "ranks"), ("size", "size"), ("count", "count"), ("type", "type"),
            ("time_us", "time (us)"), ("algbw", "algbw (GB/s)"), ("busbw", "busbw (GB/s)"),
            ("pct_bound", "busbw % memcpy"), ("pct_mpi", "busbw % MPI"), ("wire", "wire B/op/rank"),
-           ("wire_pct", "wire % of ring"), ("knobs", "knobs")]
+           ("wire_pct", "wire % of ring"), ("wrong", "wrong"), ("knobs", "knobs")]
 
 
 def gradient_shapes(model_name):
@@ -89,7 +89,17 @@ def run(np_list, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=Tru
                               "time_dilation": site.dilation, "mpi_algorithms": list(mpi_algorithms)},
                    "environment": dict(environment, load_average_at_end=list(os.getloadavg()))})
     write(result, out_dir)
+    refuse_wrong(result, out_dir)
     return result
+
+
+def refuse_wrong(result, out_dir):
+    """One line, and a non-zero exit, for any row whose results were not what they must be."""
+    wrong = [r for r in result["rows"] if r.get("wrong")]
+    if wrong:
+        raise RuntimeError(f"{sum(r['wrong'] for r in wrong):,} wrong result elements, in "
+                           + ", ".join(f"{r['impl']} at {r['bytes']:,} B on {r['world_size']} ranks" for r in wrong)
+                           + f": an allreduce returned wrong sums (the rows are in {out_dir}/allreduce.md)")
 
 
 def launches(np_list, common, knobs, compare_cycle_ms, gloo, horovod, site, mpi_algorithms, grpc_sizes,
@@ -204,7 +214,8 @@ def markdown(result):
              "pct_bound": tables.fmt(r["pct_of_memcpy_bound"], 0),
              "pct_mpi": tables.fmt(r["pct_of_mpi_busbw"], 0),
              "wire": tables.fmt(r["wire_bytes_per_op_per_rank"], 0),
-             "wire_pct": tables.fmt(r["wire_pct_of_theory"], 1), "knobs": r["knobs"]}
+             "wire_pct": tables.fmt(r["wire_pct_of_theory"], 1), "wrong": str(r.get("wrong", 0)),
+             "knobs": r["knobs"]}
             for r in result["rows"]]
     cfg, env = result["config"], result.get("environment", {})
     where = cfg.get("site") or "this machine"
@@ -236,7 +247,7 @@ def at_gradient_size(result):
     if not lines:
         return ""
     return (f"\nHorovod at the gradient size ({tables.human_bytes(size)}; -grads: the model's tensors, "
-            "fused as in training):\n" + "\n".join(lines) + "\n")
+            "fused as in training):\n\n" + "\n".join(lines) + "\n")
 
 
 def write(result, out_dir):

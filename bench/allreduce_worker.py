@@ -8,6 +8,12 @@ Every timed number is the slowest rank's mean time per operation over a trial
 of `iters` back-to-back operations, after warm-up operations that are not timed;
 several trials per size are kept so that the parent can report a median.
 Rank 0 writes the rows as JSON to --out.
+
+Every result is checked, as nccl-tests does: rank r's buffer holds
+(r + 1) * (i mod 7 + 1) at element i, so a sum of n ranks is n(n + 1)/2 times
+that pattern and an average (n + 1)/2 times it, exactly in float32. After
+each trial, each implementation's output is compared with what it must be;
+`wrong` counts the elements that were not, over every rank and trial.
 """
 import argparse
 import json
@@ -27,34 +33,65 @@ def iterations(nbytes):
     return int(min(MAX_ITERS, max(MIN_ITERS, TRIAL_BYTES // max(nbytes, 1))))
 
 
-def time_interleaved(runs, nbytes, trials, warmup, barrier, slowest, mean):
+def pattern(count):
+    """i mod 7 + 1 at element i: small integers, exact in float32 when summed."""
+    return (np.arange(count) % 7 + 1).astype(np.float32)
+
+
+def filled(count, rank):
+    """What rank `rank` allreduces: (rank + 1) times the pattern."""
+    return (rank + 1) * pattern(count)
+
+
+def expected(count, world, op="sum"):
+    """The result every rank must hold after an allreduce of filled() buffers."""
+    ranks = world * (world + 1) / 2 if op == "sum" else (world + 1) / 2
+    return (ranks * pattern(count)).astype(np.float32)
+
+
+def wrong_elements(result, want):
+    return int(np.count_nonzero(np.asarray(result).reshape(-1) != want))
+
+
+def time_interleaved(runs, nbytes, trials, warmup, barrier, slowest, mean, total):
     """Per-op seconds of each trial, max over ranks, for several implementations
     taken in turn (a, b, c, a, b, c, ...), so that a burst of load from elsewhere
-    hits them alike; and the bytes each rank's host sent per operation (mean
-    over ranks). Each run(k) performs k back-to-back operations."""
+    hits them alike; the bytes each rank's host sent per operation (mean over
+    ranks); and the wrong elements over every rank and trial. runs: {name:
+    (run(k), check())}: run performs k back-to-back operations; check() counts
+    this rank's wrong elements in the last one's result."""
     iters = iterations(nbytes)
-    for run in runs.values():
+    for run, _ in runs.values():
         run(warmup)
-    seconds, sent = {name: [] for name in runs}, {name: 0 for name in runs}
+    seconds, sent, wrong = ({name: [] for name in runs}, {name: 0 for name in runs}, {name: 0 for name in runs})
     for _ in range(trials):
-        for name, run in runs.items():
+        for name, (run, check) in runs.items():
             barrier()
             tx_before, start = interface_bytes()[1], time.perf_counter()
             run(iters)
             elapsed, tx_after = time.perf_counter() - start, interface_bytes()[1]
             seconds[name].append(slowest(elapsed / iters))
             sent[name] += tx_after - tx_before
-    return seconds, {name: mean(total / (trials * iters)) for name, total in sent.items()}
+            wrong[name] += check()  # (after the timing: a check is not an allreduce)
+    return (seconds, {name: mean(total_ / (trials * iters)) for name, total_ in sent.items()},
+            {name: int(total(count)) for name, count in wrong.items()})
 
 
 def repeat(op):
-    return lambda k: [op() for _ in range(k)]
+    """k calls of op(), keeping the last result."""
+    last = []
+
+    def run(k):
+        for _ in range(k):
+            last[:] = [op()]
+        return last[0]
+    return run, last
 
 
-def row(impl, nbytes, seconds, world, iters, wire_bytes, note=""):
+def row(impl, nbytes, seconds, world, iters, wire_bytes, wrong=0, note=""):
     return {"impl": impl, "bytes": int(nbytes), "count": int(nbytes // 4), "dtype": "float32",
             "world_size": world, "iters": iters, "trial_seconds": seconds,
-            "wire_bytes_per_op_per_rank": wire_bytes, "note": note}
+            "wire_bytes_per_op_per_rank": wire_bytes, "wrong": wrong, "note": note}
 
 
 def mpi_runs(comm, nbytes):
@@ -62,14 +99,17 @@ def mpi_runs(comm, nbytes):
     buffers allocated once, as a training loop's gradient buffers are."""
     from mpi4py import MPI
     from ringtrain.bench.ring_reference import ring_allreduce
-    send = np.ones(nbytes // 4, np.float32)
-    recv = np.empty_like(send)
-    return {
-        "mpi4py": repeat(lambda: comm.Allreduce(send, recv, op=MPI.SUM)),
-        "ring": repeat(lambda: ring_allreduce(comm, send, out=recv)),
+    count, world = nbytes // 4, comm.Get_size()
+    send = filled(count, comm.Get_rank())
+    want, out = expected(count, world), {name: np.empty_like(send) for name in ("mpi4py", "ring", "memcpy")}
+    runs = {
+        "mpi4py": lambda: comm.Allreduce(send, out["mpi4py"], op=MPI.SUM),
+        "ring": lambda: ring_allreduce(comm, send, out=out["ring"]),
         # every rank copies at once: the memory system is shared, as it is in an allreduce
-        "memcpy": repeat(lambda: np.copyto(recv, send)),
+        "memcpy": lambda: np.copyto(out["memcpy"], send),
     }
+    return {name: (repeat(op)[0], lambda name=name: wrong_elements(out[name], send if name == "memcpy" else want))
+            for name, op in runs.items()}
 
 
 class HorovodRuns:
@@ -89,9 +129,10 @@ class HorovodRuns:
         @tf.function
         def chained(x, k):
             # each allreduce starts when the previous one ends, as in back-to-back steps;
-            # the buffer is zeros, which stay zeros under Sum
-            body = lambda i, v: (i + 1, hvd.allreduce(v, op=hvd.Sum, name="bench.graph"))
-            return tf.while_loop(lambda i, v: i < k, body, (tf.constant(0), x))[1][:1]
+            # averaging keeps the ranks' average: the last result is known however many ran
+            body = lambda i, v: (i + 1, hvd.allreduce(v, op=hvd.Average, name="bench.graph"))
+            out = tf.while_loop(lambda i, v: i < k, body, (tf.constant(0), x))[1]
+            return out[:1], out
 
         @tf.function
         def chained_grads(tensors, k):
@@ -99,21 +140,35 @@ class HorovodRuns:
                 return (i + 1,) + tuple(hvd.allreduce(g, op=hvd.Average, name=f"bench.grad{j}")
                                         for j, g in enumerate(grads))
             out = tf.while_loop(lambda i, *grads: i < k, body, (tf.constant(0),) + tuple(tensors))
-            return tf.stack([tf.reshape(g, [-1])[0] for g in out[1:]])
+            return tf.stack([tf.reshape(g, [-1])[0] for g in out[1:]]), out[1:]
 
         self.chained, self.chained_grads = chained, chained_grads
 
     def runs(self, nbytes):
         tf, hvd = self.tf, self.hvd
-        x = tf.zeros([nbytes // 4], tf.float32)
-        eager = lambda: hvd.allreduce(x, op=hvd.Sum, name="bench.eager")  # returns when done
-        return {f"horovod-{self.label}": lambda k: self.chained(x, tf.constant(k)).numpy(),
-                f"horovod-{self.label}-eager": repeat(eager)}
+        count, world = nbytes // 4, hvd.size()
+        x = tf.constant(filled(count, hvd.rank()))
+        average, total = expected(count, world, "average"), expected(count, world)
+        last = {}
+
+        def graph(k):
+            first, last["graph"] = self.chained(x, tf.constant(k))
+            return first.numpy()  # (one element: the call has finished, without copying the buffer)
+        eager, eager_last = repeat(lambda: hvd.allreduce(x, op=hvd.Sum, name="bench.eager"))  # returns when done
+        return {f"horovod-{self.label}": (graph, lambda: wrong_elements(last["graph"].numpy(), average)),
+                f"horovod-{self.label}-eager": (eager, lambda: wrong_elements(eager_last[0].numpy(), total))}
 
     def grads_run(self, shapes):
-        grads = [self.tf.ones(s, self.tf.float32) for s in shapes]
+        tf, hvd = self.tf, self.hvd
+        grads = [tf.constant(filled(int(np.prod(s)), hvd.rank()).reshape(s)) for s in shapes]
+        want = [expected(int(np.prod(s)), hvd.size(), "average") for s in shapes]
+        last = {}
+
+        def run(k):
+            first, last["grads"] = self.chained_grads(grads, tf.constant(k))
+            return first.numpy()
         return {f"horovod-{self.label}-grads":
-                lambda k: self.chained_grads(grads, self.tf.constant(k)).numpy()}
+                (run, lambda: sum(wrong_elements(g.numpy(), w) for g, w in zip(last["grads"], want)))}
 
     def barrier(self):
         self.hvd.allreduce(self.tf.constant([0.0]), op=self.hvd.Sum, name="bench.barrier")
@@ -126,6 +181,10 @@ class HorovodRuns:
         return float(self.hvd.allreduce(self.tf.constant([x], self.tf.float64), op=self.hvd.Average,
                                         name="bench.mean").numpy()[0])
 
+    def total(self, x):
+        return float(self.hvd.allreduce(self.tf.constant([x], self.tf.float64), op=self.hvd.Sum,
+                                        name="bench.total").numpy()[0])
+
 
 def measure(impls, sizes, trials, warmup, grad_shapes, label, mpi_label="mpi4py"):
     """Rows for the requested implementations. Raw MPI rows and Horovod rows
@@ -134,7 +193,7 @@ def measure(impls, sizes, trials, warmup, grad_shapes, label, mpi_label="mpi4py"
     Within a launch, all implementations of a size are timed in interleaved trials."""
     if "horovod" in impls:
         horovod = HorovodRuns(label)
-        barrier, slowest, mean = horovod.barrier, horovod.slowest, horovod.mean
+        barrier, slowest, mean, total = horovod.barrier, horovod.slowest, horovod.mean, horovod.total
         world, rank = horovod.hvd.size(), horovod.hvd.rank()
         runs_at = horovod.runs
     else:
@@ -142,19 +201,20 @@ def measure(impls, sizes, trials, warmup, grad_shapes, label, mpi_label="mpi4py"
         comm = MPI.COMM_WORLD
         barrier, slowest = comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX)
         mean = lambda x: comm.allreduce(x) / comm.Get_size()
+        total = comm.allreduce
         world, rank = comm.Get_size(), comm.Get_rank()
         runs_at = lambda nbytes: {k: v for k, v in mpi_runs(comm, nbytes).items() if k in impls}
     rows = []
     for nbytes in sizes:
         runs = runs_at(nbytes)
-        timed, wire = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest, mean)
+        timed, wire, wrong = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest, mean, total)
         rows += [row(mpi_label if impl == "mpi4py" else impl, nbytes, timed[impl], world, iterations(nbytes),
-                     wire[impl]) for impl in runs]
+                     wire[impl], wrong[impl]) for impl in runs]
     if "horovod" in impls and grad_shapes:
         nbytes = 4 * sum(int(np.prod(s)) for s in grad_shapes)
         runs = horovod.grads_run(grad_shapes)
-        timed, wire = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest, mean)
-        rows += [row(name, nbytes, timed[name], world, iterations(nbytes), wire[name],
+        timed, wire, wrong = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest, mean, total)
+        rows += [row(name, nbytes, timed[name], world, iterations(nbytes), wire[name], wrong[name],
                      note=f"{len(grad_shapes)} gradient tensors of the model, Average, fused")
                  for name in runs]
     return rows, rank

@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+from ringtrain.bench import expectations
+from ringtrain.bench.publish import publish
 from ringtrain.workloads.catalog import MODEL_SPECS
 from ringtrain.workloads.errors import UsageError, run_cli
 from ringtrain.workloads.flags import OneLineParser, finite_float, non_negative_float, positive_float, positive_int
@@ -26,7 +28,11 @@ EXAMPLES = """examples:
   ringtrain-bench scaling --cluster 4 --link-rate 1gbit,10gbit --time-dilation 1,10 --model resnet50 --np 1,2,4 --out r
   ringtrain-bench allreduce --cluster 4 --link-rate 1gbit --np 2,4 --mpi-algorithms ring,rabenseifner,recursive_doubling --out r
 
-Every column is defined in bench/COLUMNS.md.
+  your own line through the results; exit 1 when it does not hold:
+  ringtrain-bench scaling --np 1,2 --expect 'mode=ring,workers=2: efficiency >= 0.7' --out r
+
+Every run writes DIR/report.html (tables, plots, column definitions, the machine), and
+every column is defined in bench/COLUMNS.md.
 """
 
 
@@ -132,7 +138,8 @@ def add_scaling_flags(p, modes_default):
     g = p.add_argument_group("scaling bench")
     g.add_argument("--modes", type=mode_list, default=mode_list(modes_default),
                    help=f"comma list of ring (mpirun, MPI), ring-upstream (the same with Horovod's upstream "
-                        f"background loop), ring-gloo (horovodrun --gloo), ps-sync, ps-ingraph (in-graph "
+                        f"background loop), ring-gloo (horovodrun --gloo), tf-collective (TF's own ring: "
+                        f"MultiWorkerMirroredStrategy under mpirun), ps-sync, ps-ingraph (in-graph "
                         f"replication), towers (one process, a tower per device; one machine only), "
                         f"ps-async, independent (N single-rank trainers at once, nothing exchanged: "
                         f"the machine's ceiling; on one machine only) (default {modes_default})")
@@ -152,7 +159,7 @@ def add_scaling_flags(p, modes_default):
                    help="run every configuration R times, in interleaved rounds; the table shows the "
                         "median and the range (default %(default)s)")
     g.add_argument("--num-ps", type=ps_list, default=["1"], metavar="P[,P...]",
-                   help="PS tasks: counts, or N for one per worker host, colocated as the seeds deploy "
+                   help="PS tasks: counts, or N for one per worker host, colocated as the classic tutorials deploy "
                         "them (default 1)")
     g.add_argument("--placement", choices=("round_robin", "greedy", "partitioned"), default="greedy",
                    help="PS variable placement (ps-baseline --placement; default %(default)s: round_robin "
@@ -171,12 +178,12 @@ def add_scaling_flags(p, modes_default):
 
 
 def add_tradeoff_flags(p, steps, data, simulate):
-    """The flags `straggler` and `convergence` share: the four modes of bench/sync_modes.py."""
-    from ringtrain.bench.sync_modes import MODES
+    """The flags `straggler` and `convergence` share: the modes of bench/sync_modes.py."""
+    from ringtrain.bench.sync_modes import DEFAULT_MODES, MODES
     g = p.add_argument_group("sync against async")
-    g.add_argument("--modes", type=choice_list(MODES, "mode(s)"), default=list(MODES), metavar="M[,M...]",
-                   help="of ring, ps-sync (K = W), ps-sync-backup (W + 1 workers, K = W), ps-async "
-                        "(default: all four)")
+    g.add_argument("--modes", type=choice_list(MODES, "mode(s)"), default=list(DEFAULT_MODES), metavar="M[,M...]",
+                   help="of ring, tf-collective (TF's own all-reduce), ps-sync (K = W), ps-sync-backup "
+                        f"(W + 1 workers, K = W), ps-async (default: {','.join(DEFAULT_MODES)})")
     g.add_argument("--data", choices=("synthetic", "mnist", "cifar10"), default=data,
                    help="dataset (default %(default)s)")
     g.add_argument("--data-dir", metavar="DIR", help="passed to the trainers")
@@ -205,6 +212,11 @@ def add_run_flags(p, np_type, np_default, np_help, timeout, model_help="default 
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--timeout", type=positive_float, default=timeout,
                    help=f"seconds per launch (default {timeout:g})")
+    p.add_argument("--expect", type=expectations.parse, action="append", default=[],
+                   metavar="'SELECTOR: FIELD OP NUMBER'",
+                   help="your own line through the results, e.g. 'mode=ring,workers=2: efficiency >= 0.8' "
+                        "(fields: the JSON rows'); the report lists it with what was measured, and the "
+                        "command exits 1 when it does not hold. Repeatable")
 
 
 def parser():
@@ -408,8 +420,14 @@ def _main(argv):
     except RuntimeError as e:
         print(f"ringtrain-bench: {e}", file=sys.stderr)
         return 1
-    print(f"ringtrain-bench: {args.command} done in {time.time() - start:.0f} s; results in {args.out}",
-          file=sys.stderr)
+    checked = publish(args.command, args.out, args.expect)
+    print(expectations.markdown(checked), end="", flush=True)
+    print(f"ringtrain-bench: {args.command} done in {time.time() - start:.0f} s; results in {args.out} "
+          f"(open {os.path.join(args.out, 'report.html')} in a browser)", file=sys.stderr)
+    broken = expectations.failed(checked)
+    if broken:
+        print(f"ringtrain-bench: {broken}", file=sys.stderr)
+        return 1
     return 0
 
 

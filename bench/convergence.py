@@ -15,6 +15,7 @@ import time
 from ringtrain.bench import plots, sync_modes, tables
 from ringtrain.bench.environment import describe
 from ringtrain.workloads import snapshots
+from ringtrain.workloads.numbers import median, percent
 
 COLUMNS = [("mode", "mode"), ("workers", "workers (K)"), ("time", "seconds to target"),
            ("launch", "from launch"), ("samples", "samples to target"), ("final", "final accuracy"),
@@ -103,16 +104,16 @@ def rows(cfg, runs):
             "replicas_to_aggregate": summaries[0].get("replicas_to_aggregate"), "rounds": len(summaries),
             "rounds_reaching_target": len(seconds), "target": cfg["target"],
             # the median over rounds; a round that never got there counts as slower than any that did
-            "seconds_to_target": sync_modes.median(seconds) if len(seconds) * 2 > len(summaries) else None,
+            "seconds_to_target": median(seconds) if len(seconds) * 2 > len(summaries) else None,
             "seconds_to_target_min": min(seconds, default=None), "seconds_to_target_max": max(seconds, default=None),
-            "samples_to_target": sync_modes.median([r[1] for r in reached if r])
+            "samples_to_target": median([r[1] for r in reached if r])
             if len(seconds) * 2 > len(summaries) else None,
-            "seconds_from_launch_to_target": sync_modes.median([r[2] for r in reached if r])
+            "seconds_from_launch_to_target": median([r[2] for r in reached if r])
             if len(seconds) * 2 > len(summaries) else None,
-            "final_accuracy": sync_modes.median([s["test_accuracy"] for s in summaries]),
+            "final_accuracy": median([s["test_accuracy"] for s in summaries]),
             "best_accuracy": max((p[2] for s in summaries for p in s["_curve"]), default=None),
-            "applied_images_per_sec": sync_modes.median([sync_modes.applied_images_per_sec(s) for s in summaries]),
-            "training_seconds": sync_modes.median([s["wall_time_sec"] for s in summaries])})
+            "applied_images_per_sec": median([sync_modes.applied_images_per_sec(s) for s in summaries]),
+            "training_seconds": median([s["wall_time_sec"] for s in summaries])})
     return sorted(out, key=lambda r: sync_modes.MODES.index(r["mode"]))
 
 
@@ -131,14 +132,10 @@ def table_rows(result):
         out.append({"mode": r["mode"], "workers": f"{r['workers']}" + (f" ({k})" if k else ""), "time": time,
                     "launch": tables.fmt(r["seconds_from_launch_to_target"], 1),
                     "samples": tables.fmt(r["samples_to_target"], 0),
-                    "final": _pct(r["final_accuracy"]), "best": _pct(r["best_accuracy"]),
+                    "final": percent(r["final_accuracy"], digits=2, fraction=True), "best": percent(r["best_accuracy"], digits=2, fraction=True),
                     "applied": tables.fmt(r["applied_images_per_sec"], 0),
                     "reached": f"{r['rounds_reaching_target']} of {r['rounds']}"})
     return out
-
-
-def _pct(value):
-    return "n/a" if value is None else f"{100 * value:.2f}%"
 
 
 def markdown(result):

@@ -15,14 +15,14 @@ import socket
 import sys
 import time
 
-from ringtrain.bench.allreduce_worker import iterations, row
+from ringtrain.bench.allreduce_worker import iterations, pattern, row, wrong_elements
 from ringtrain.multihost import procs
 from ringtrain.multihost.net import free_ports, is_listening, wait_for
 from ringtrain.workloads.summary import interface_bytes
 
 
 def serve(cluster, threads):
-    """The PS task: a gRPC server and nothing else, as the seeds' ps job."""
+    """The PS task: a gRPC server and nothing else, as a ps job of the classic tutorials."""
     from ringtrain.workloads.tfenv import import_tensorflow_quietly, session_config
     tf = import_tensorflow_quietly()
     tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="ps", task_index=0,
@@ -45,8 +45,9 @@ def measure(cluster, sizes, trials, warmup, threads):
                 weights = tf1.get_variable("weights", [nbytes // 4], initializer=tf1.zeros_initializer(),
                                            use_resource=True)
             with tf1.device("/job:worker/task:0"):
-                grads = tf1.get_variable("grads", [nbytes // 4], initializer=tf1.zeros_initializer(),
-                                         use_resource=True, collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+                # a known gradient: after k steps the weights hold exactly k times it
+                grads = tf1.get_variable("grads", initializer=pattern(nbytes // 4), use_resource=True,
+                                         collections=[tf1.GraphKeys.LOCAL_VARIABLES])
                 push = weights.assign_add(grads, read_value=False)  # runs on the PS: S bytes in
                 with tf.control_dependencies([push]):
                     pulled = tf.identity(weights.read_value())  # S bytes back to the worker
@@ -57,15 +58,17 @@ def measure(cluster, sizes, trials, warmup, threads):
             for _ in range(warmup):
                 sess.run(step)
             iters = iterations(nbytes)
-            seconds, moved = [], 0
+            seconds, moved, wrong, steps = [], 0, 0, warmup
             for _ in range(trials):
                 before, start = sum(interface_bytes()), time.perf_counter()
                 for _ in range(iters):
                     sess.run(step)
                 seconds.append((time.perf_counter() - start) / iters)
                 moved += sum(interface_bytes()) - before
+                steps += iters
+                wrong += wrong_elements(sess.run(weights), steps * pattern(nbytes // 4))
         # the worker's host sends S (push) and receives S (pull) per step
-        rows.append(row("grpc-ps", nbytes, seconds, 2, iters, moved / (trials * iters),
+        rows.append(row("grpc-ps", nbytes, seconds, 2, iters, moved / (trials * iters), wrong,
                         note="one push of S bytes to a PS variable and one pull of S bytes back"))
     return rows
 

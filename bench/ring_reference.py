@@ -1,4 +1,4 @@
-"""A reference ring-allreduce in numpy + mpi4py, as the seeds describe it:
+"""A reference ring-allreduce in numpy + mpi4py, as the classic distributed-TensorFlow tutorials describe it:
 the buffer is cut into N chunks; N-1 scatter-reduce steps leave each rank
 owning one fully reduced chunk; N-1 allgather steps pass the reduced chunks
 round the ring until every rank has all of them.

@@ -13,7 +13,8 @@ from ringtrain.bench.scaling_report import write, write_links
 from ringtrain.bench.scaling_rows import RING_MODES, build, per_worker_batch
 from ringtrain.workloads.catalog import simulated_step_ms
 
-MODES = ("ring", "ring-upstream", "ring-gloo", "ps-sync", "ps-async", "ps-ingraph", "towers", "independent")
+MODES = ("ring", "ring-upstream", "ring-gloo", "tf-collective", "ps-sync", "ps-async", "ps-ingraph", "towers",
+         "independent")
 ONE_MACHINE_MODES = ("independent", "towers")  # one process or no exchange: never across hosts
 # The α-β fit of a link, plus the model's gradient size. From 1 MB up: smaller messages
 # pass within a token bucket's burst, faster than the link's rate.
@@ -70,6 +71,9 @@ def command(mode, workers, num_ps, cfg, batch, summary, site, workdir):
     if mode == "towers":  # one process, a tower per (logical) device
         return [launch.tool("ps-baseline"), "towers", "--towers", str(workers)] + train
     hosts = site.host_list(workers) if site.across_hosts else None
+    if mode == "tf-collective":  # TF's own ring, MultiWorkerMirroredStrategy; mpirun only starts the workers
+        return launch.mpirun(workers, [launch.tool("ringtrain"), "--backend", "tf-collective"] + train,
+                             usable_cores(), hosts=hosts)
     if mode in RING_MODES:
         extra = []
         for flag, key in (("--cycle-time-ms", "cycle_time_ms"), ("--fusion-threshold-mb", "fusion_threshold_mb")):

@@ -5,13 +5,15 @@ With a time dilation K (a simulated cluster whose links run K times slower
 than the rate they stand for, and accelerator steps K times longer), every
 time is divided by K and every rate multiplied by K: the rows speak of the
 emulated cluster."""
-import statistics
 
 from ringtrain.bench import stats
 from ringtrain.bench.environment import describe, usable_cores
+from ringtrain.workloads.numbers import mean, median
 
 # mpirun (MPI controller; ring-upstream with Horovod's upstream background loop) and horovodrun --gloo
 RING_MODES = ("ring", "ring-upstream", "ring-gloo")
+# every mode whose workers all-reduce their gradients with a ring: Horovod's, and TF's own
+ALLREDUCE_MODES = RING_MODES + ("tf-collective",)
 ONE_TIMER_MODES = ("ps-ingraph", "towers")  # one process drives (and times) all N towers
 
 
@@ -28,12 +30,12 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None):
         # in-graph and towers: one process times every tower's samples; per worker is its share
         share = n if mode in ONE_TIMER_MODES else 1
         windows = [w / share for s in runs for per_worker in s.get("window_images_per_sec", []) for w in per_worker]
-        mean, ci = stats.mean_ci95(windows)
-        step = _median([_mean(s.get("step_time_sec")) for s in runs])
+        window_mean, ci = stats.mean_ci95(windows)
+        step = median([mean(s.get("step_time_sec")) for s in runs])
         compute = compute_seconds(summaries, mode, n, p, site["across_hosts"])
         predicted = predicted_step_seconds(mode, runs[-1], compute, fit, ps_fit, site, cfg)
         comm = predicted - compute if predicted is not None else None
-        wire = _median([measured_wire_bytes(s) for s in runs]) if site["across_hosts"] else None
+        wire = median([measured_wire_bytes(s) for s in runs]) if site["across_hosts"] else None
         theory = theory_wire_bytes(mode, runs[-1]) if site["across_hosts"] else None
         procs = 1 if mode == "towers" else n + p  # towers: one process, a pool thread per tower
         threads = n * max(cfg["threads"], 1) if mode == "towers" else procs * max(cfg["threads"], 1)
@@ -44,9 +46,9 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None):
             "algorithm": algorithm(mode, runs[-1], p),
             "threads_per_worker": cfg["threads"],
             "oversubscribed": not site["across_hosts"] and threads > cores,
-            "per_worker_images_per_sec_mean": mean * k, "per_worker_images_per_sec_ci95": _scale(ci, k),
+            "per_worker_images_per_sec_mean": window_mean * k, "per_worker_images_per_sec_ci95": _scale(ci, k),
             "rounds": len(runs), "total_images_per_sec_runs": [s["images_per_sec"] * k for s in runs],
-            "total_images_per_sec": _median([s["images_per_sec"] for s in runs]) * k,
+            "total_images_per_sec": median([s["images_per_sec"] for s in runs]) * k,
             "step_time_ms": _ms(step, k), "compute_time_ms": _ms(compute, k),
             "exposed_comm_ms": _ms(step - compute, k) if step is not None and compute is not None else None,
             "predicted_comm_ms": _ms(comm, k), "predicted_step_time_ms": _ms(predicted, k),
@@ -58,8 +60,8 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None):
             "steps": runs[0].get("steps"), "train_loss": runs[-1].get("train_loss"),
             "test_accuracy": runs[-1].get("test_accuracy"), "staleness_mean": runs[-1].get("staleness_mean"),
             "staleness_max": runs[-1].get("staleness_max"),
-            "cpu_horovod_thread_pct": _median([cpu_per_worker(s, "horovod_thread") for s in runs]),
-            "cpu_other_threads_pct": _median([cpu_per_worker(s, "other_threads") for s in runs]),
+            "cpu_horovod_thread_pct": median([cpu_per_worker(s, "horovod_thread") for s in runs]),
+            "cpu_other_threads_pct": median([cpu_per_worker(s, "other_threads") for s in runs]),
             "summary_json": runs[-1].get("_summary_json"), "log": runs[-1].get("_log"),
         })
     for r in rows:
@@ -95,7 +97,7 @@ def compute_seconds(summaries, mode, n, p, across_hosts):
         return None
     key = base_key(summaries, mode, p) if across_hosts else ("independent", n, 0)
     runs = summaries.get(key) if key else None
-    return _median([_mean(s.get("step_time_sec")) for s in runs]) if runs else None
+    return median([mean(s.get("step_time_sec")) for s in runs]) if runs else None
 
 
 def endpoints(mode, summary, across_hosts):
@@ -118,9 +120,12 @@ def predicted_step_seconds(mode, summary, compute, fit, ps_fit, site, cfg):
     busy = simulated / 1e3 * (site.get("dilation") or 1.0) if simulated else compute
     forward, backward = busy / 3, busy * 2 / 3
     nbytes, n = summary.get("gradient_bytes"), summary.get("world_size", 1)
-    if mode in RING_MODES and fit and nbytes:
+    if mode in ALLREDUCE_MODES and fit and nbytes:
         fit = fit_at(fit, n)
-        return stats.ring_step_seconds(compute, backward, nbytes, n, fit["alpha_sec"], fit["beta_sec_per_byte"])
+        # TF's collective mode packs every gradient into one all-reduce, which starts
+        # after the whole backward pass: nothing of it hides
+        hidden = 0.0 if mode == "tf-collective" else backward
+        return stats.ring_step_seconds(compute, hidden, nbytes, n, fit["alpha_sec"], fit["beta_sec_per_byte"])
     if mode.startswith("ps-") and ps_fit and summary.get("ps_bytes"):
         workers, ps = endpoints(mode, summary, site["across_hosts"])
         # (in-graph: the towers' reads and the client's update, as one sync step; its feeds are not modelled)
@@ -166,7 +171,7 @@ def measured_wire_bytes(summary):
 
 def theory_wire_bytes(mode, summary):
     nbytes = summary.get("gradient_bytes")
-    if mode in RING_MODES and nbytes:
+    if mode in ALLREDUCE_MODES and nbytes:
         return stats.ring_wire_bytes(summary.get("hosts") or [], nbytes)
     if mode in ("ps-sync", "ps-async") and summary.get("ps_bytes"):
         workers, ps = endpoints(mode, summary, across_hosts=True)
@@ -178,7 +183,7 @@ def theory_wire_bytes(mode, summary):
 
 
 def algorithm(mode, summary, p):
-    if mode in RING_MODES:
+    if mode in ALLREDUCE_MODES:
         return summary.get("allreduce_algorithm") or "n/a"
     if mode.startswith("ps-"):
         how = "gRPC, in-graph client" if mode == "ps-ingraph" else "gRPC push/pull"
@@ -195,7 +200,7 @@ def add_ratios(r, rows):
                  and b["num_ps"] in (r["num_ps"], min(r["num_ps"], 1))), None)
     ratios = [t / t1 for t, t1 in zip(r["total_images_per_sec_runs"], base["total_images_per_sec_runs"])
               if t1 > 0] if base else []
-    r["speedup"] = _median(ratios)
+    r["speedup"] = median(ratios)
     r["efficiency"] = r["speedup"] / r["workers"] if ratios else None
     r["efficiency_min"] = min(ratios) / r["workers"] if ratios else None
     r["efficiency_max"] = max(ratios) / r["workers"] if ratios else None
@@ -204,7 +209,7 @@ def add_ratios(r, rows):
                                  if base and base["predicted_step_time_ms"] and r["predicted_step_time_ms"]
                                  and r["scaling"] == "weak" else None)
     ceiling = next((b for b in rows if b["mode"] == "independent" and b["workers"] == r["workers"]), None)
-    r["fraction_of_independent"] = _median(
+    r["fraction_of_independent"] = median(
         [t / c for t, c in zip(r["total_images_per_sec_runs"], ceiling["total_images_per_sec_runs"])
          if c > 0]) if ceiling else None
 
@@ -217,7 +222,7 @@ def gaps(rows):
         by.setdefault((r["mode"], r["workers"]), r)  # rows are sorted by P: the fewest first
     for (mode, n), ring in sorted(by.items()):
         ps = by.get(("ps-sync", n))
-        if mode not in RING_MODES or not ps:
+        if mode not in ALLREDUCE_MODES or not ps:
             continue
         measured = ps["step_time_ms"] - ring["step_time_ms"]
         predicted = (ps["predicted_step_time_ms"] - ring["predicted_step_time_ms"]
@@ -229,16 +234,6 @@ def gaps(rows):
                     if predicted is not None and measured else None,
                     "ring_over_ps_throughput": ring["total_images_per_sec"] / ps["total_images_per_sec"]})
     return out
-
-
-def _median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def _mean(values):
-    values = [v for v in (values or []) if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def _ms(seconds, dilation=1.0):

@@ -48,7 +48,8 @@ def link_loads(worker_hosts, ps_hosts, ps_bytes):
 def ring_step_seconds(compute, backward, nbytes, ranks, alpha, beta):
     """A ring-mode step: Horovod starts each gradient's allreduce as backprop
     produces it, so the allreduce hides behind the backward pass and only
-    what outlasts it adds to the compute."""
+    what outlasts it adds to the compute. (TF's collective mode, whose one
+    packed all-reduce waits for the whole backward pass, passes backward=0.)"""
     return compute + max(0.0, ring_allreduce_seconds(nbytes, ranks, alpha, beta) - backward)
 
 

@@ -1,17 +1,19 @@
 """The four ways to train that `ringtrain-bench straggler` and `convergence`
-set side by side, as the seeds weigh sync against async:
+set side by side, as the classic tutorials weigh sync against async:
 
 - ring: Horovod's ring-allreduce, synchronous;
 - ps-sync: SyncReplicasOptimizer with K = W (every worker, every update);
 - ps-sync-backup: W + 1 workers, K = W: one backup worker, so an update
   need not wait for the slowest; the late gradient is dropped as stale;
-- ps-async: every worker applies its own gradients as soon as it has them.
+- ps-async: every worker applies its own gradients as soon as it has them;
+- tf-collective (on request): TF's own collective all-reduce, synchronous.
 
 All run through their real launchers, on this machine, with one PS task.
 """
 from ringtrain.bench import scaling
 
-MODES = ("ring", "ps-sync", "ps-sync-backup", "ps-async")
+MODES = ("ring", "tf-collective", "ps-sync", "ps-sync-backup", "ps-async")
+DEFAULT_MODES = ("ring", "ps-sync", "ps-sync-backup", "ps-async")
 # The same optimizer on the same global batch in every mode: ring's default
 # lr x N (with a warm-up) is a ring-mode recipe, not a property of the ring.
 RING_AS_PS = ["--no-lr-scaling", "--warmup-epochs", "0"]
@@ -26,7 +28,7 @@ def command(mode, workers, cfg, summary, workdir, extra=()):
         cmd += ["--replicas-to-aggregate", str(workers)]
     else:
         cmd = scaling.command(mode, workers, 1, cfg, cfg["batch_size"], summary, site, workdir)
-    return cmd + (RING_AS_PS if mode == "ring" else []) + list(extra)
+    return cmd + (RING_AS_PS if mode in ("ring", "tf-collective") else []) + list(extra)
 
 
 def run(mode, workers, cfg, out_dir, tag, log, extra=()):
@@ -47,9 +49,3 @@ def applied_images_per_sec(summary):
     return summary["images_per_sec"] if applied is None else applied
 
 
-def median(values):
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2

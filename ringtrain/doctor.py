@@ -55,12 +55,16 @@ def horovod_build(report, hvd):
     """The same facts as `horovodrun --check-build`."""
     if hvd is None:
         return
-    frameworks = ["TensorFlow"]
+    from horovod.common.util import extension_available
+    frameworks = [name for name, module in (("TensorFlow", "tensorflow"), ("PyTorch", "torch"), ("MXNet", "mxnet"))
+                  if extension_available(module)]
     controllers = [name for name, ok in (("MPI", hvd.mpi_built()), ("Gloo", hvd.gloo_built())) if ok]
     ops = [name for name, ok in (("NCCL", hvd.nccl_built()), ("DDL", hvd.ddl_built()),
                                  ("CCL", hvd.ccl_built()), ("MPI", hvd.mpi_built()),
                                  ("Gloo", hvd.gloo_built())) if ok]
-    report.line("horovod frameworks", ", ".join(frameworks))
+    report.line("horovod frameworks", ", ".join(frameworks) or "NONE")
+    if "TensorFlow" not in frameworks:
+        report.problem("Horovod was built without TensorFlow", "rebuild: HOROVOD_WITH_TENSORFLOW=1 via " + FIX_INSTALL)
     report.line("horovod controllers", ", ".join(controllers) or "NONE")
     report.line("horovod tensor ops", ", ".join(ops) or "NONE")
     if not controllers:
@@ -75,15 +79,17 @@ def mpirun_two_ranks(report):
         report.problem("mpirun is not on PATH", "apt-get install openmpi-bin libopenmpi-dev "
                        "(or " + FIX_INSTALL + ")")
         return
+    # rank 0 alone prints every rank's number: two ranks printing at once can interleave
     cmd = [mpirun, "-np", "2", "--oversubscribe", sys.executable, "-c",
-           "from mpi4py import MPI; print(MPI.COMM_WORLD.Get_rank())"]
+           "from mpi4py import MPI; ranks = MPI.COMM_WORLD.gather(MPI.COMM_WORLD.Get_rank()); "
+           "ranks and print(*ranks)"]
     env = dict(os.environ)
     if os.geteuid() == 0:
         # Only the check sets these; users running as root set them themselves.
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
-        ok = result.returncode == 0 and sorted(result.stdout.split()) == ["0", "1"]
+        ok = result.returncode == 0 and result.stdout.split() == ["0", "1"]
     except subprocess.TimeoutExpired:
         ok, result = False, None
     report.line("mpirun -np 2", "ok" if ok else "FAILED")
@@ -113,9 +119,11 @@ def open_doors(report):
     report.line("ps-baseline launch", "its TF gRPC servers (unauthenticated) run in a private network namespace "
                 "with loopback only" if ok else f"WARNING: its TF gRPC servers (unauthenticated) listen on every "
                 f"interface of this machine ({why_not}): firewall their ports")
+    report.line("tf-collective", "each worker's TF gRPC server listens on every interface, unauthenticated")
     report.line("horovodrun", "its rendezvous server listens on every interface (0.0.0.0), unauthenticated, "
-                "while a job starts; ring rank 0's stall watchdog listens on loopback (one host) or the "
-                "cluster's interface, token-checked")
+                "while a job starts")
+    report.line("stall watchdog", "the chief of every job listens on loopback (one host) or the cluster's "
+                "interface, token-checked")
 
 
 def hostfile_check(report, path, ranks):

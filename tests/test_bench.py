@@ -1,14 +1,18 @@
 """ringtrain-bench: tables, CSV, JSON and plots from recorded summaries, and
 tiny end-to-end runs through the real launchers."""
+import html
 import json
 import os
+import re
+import shutil
 
+import matplotlib.image
 import pytest
 
-from ringtrain.bench import scaling_report, stats, tables
+from ringtrain.bench import expectations, scaling_report, stats, tables
 from ringtrain.bench.launch import child_env
 from ringtrain.bench.scaling_rows import build
-from helpers import BENCH, assert_one_line_error, run_bench
+from helpers import BENCH, assert_one_line_error, run, run_bench
 
 
 
@@ -60,7 +64,9 @@ def test_rounds_give_the_median_run_and_the_median_per_round_efficiency():
     assert rows[2]["efficiency_min"] == pytest.approx(per_round[0] / 2)
     assert rows[2]["efficiency_max"] == pytest.approx(per_round[2] / 2)
     assert rows[2]["total_images_per_sec"] == pytest.approx(sorted(s["images_per_sec"] for s in ring2)[1])
-    assert "(" in scaling_report.efficiency_text(rows[2])
+    # the table shows the median efficiency and the range over rounds
+    low, median, high = (100 * r / 2 for r in per_round)
+    assert scaling_report.efficiency_text(rows[2]) == f"{median:.0f}% ({low:.0f}–{high:.0f})"
 
 
 def test_share_of_the_independent_ceiling_is_taken_round_by_round():
@@ -101,8 +107,9 @@ def test_exposed_communication_is_step_minus_independent_trainers_step():
 
 def test_alpha_beta_prediction_adds_what_the_exchange_does_not_hide():
     rows = {(r["mode"], r["workers"]): r for r in recorded_result()["rows"]}
-    ring = stats.ring_allreduce_seconds(4_800_000, 2, 50e-6, 1 / 3e9)
-    assert ring == pytest.approx(2 * 50e-6 + 4_800_000 / 3e9)
+    # a ring of n ranks takes 2(n-1) steps (latency), and each rank sends 2(n-1)/n of the buffer
+    assert stats.ring_allreduce_seconds(0, 4, 1e-3, 0) == pytest.approx(6e-3)
+    assert stats.ring_allreduce_seconds(4_000_000, 4, 0, 1e-9) == pytest.approx(6e-3)  # 6 MB sent at 1 GB/s
     # 1.7 ms of allreduce hides behind 43 ms of backward (2/3 of the 64.5 ms compute)
     assert rows[("ring", 2)]["predicted_step_time_ms"] == pytest.approx(64.5)
     # two workers push into one PS: 9.6 MB one way on its link, 9.6 ms, hidden by backward but not by forward
@@ -110,6 +117,23 @@ def test_alpha_beta_prediction_adds_what_the_exchange_does_not_hide():
     ps = 0.0645 + 2 * 300e-6 + max(0, one_way - 0.0645 * 2 / 3) + max(0, one_way - 0.0645 / 3)
     assert rows[("ps-sync", 2)]["predicted_step_time_ms"] == pytest.approx(1e3 * ps)
     assert rows[("ring", 1)]["predicted_comm_ms"] == 0.0
+
+
+def test_tf_collective_hides_nothing_behind_backprop_and_is_set_against_horovod():
+    summaries = {(mode, n, 0): [summary(mode, n, rate, step)] for mode, n, rate, step in (
+        ("ring", 1, 1000, 0.064), ("ring", 2, 950, 0.067), ("tf-collective", 1, 900, 0.070),
+        ("tf-collective", 2, 760, 0.084), ("independent", 1, 1010, 0.063), ("independent", 2, 990, 0.0645))}
+    for s in summaries[("tf-collective", 2, 0)] + summaries[("tf-collective", 1, 0)]:
+        s.update(gradient_bytes=GRADIENT_BYTES, allreduce_algorithm="tf ring")
+    result = build(summaries, dict(CFG, modes=["ring", "tf-collective"]), FIT)
+    rows = {(r["mode"], r["workers"]): r for r in result["rows"]}
+    # its one packed all-reduce (2 x 50 us + 4.8 MB at 3 GB/s = 1.7 ms) starts after backprop: all of it shows
+    assert rows[("tf-collective", 2)]["predicted_step_time_ms"] == pytest.approx(64.5 + 1.7)
+    assert rows[("ring", 2)]["predicted_step_time_ms"] == pytest.approx(64.5)
+    assert rows[("tf-collective", 2)]["algorithm"] == "tf ring"
+    (what, measured), = scaling_report.horovod_against_tf(result)[1:]
+    assert what == "N=2: Horovod img/s ÷ TF collective img/s"
+    assert measured.startswith(f"measured {1900 / 1520:.2f}x, α-β says {66.2 / 64.5:.2f}x")
 
 
 def test_ring_allreduce_shows_only_where_it_outlasts_backprop():
@@ -248,6 +272,43 @@ def test_every_column_header_is_defined_in_columns_md():
         assert f"| {header} |" in doc, header
 
 
+def test_the_allreduce_check_counts_every_wrong_element_and_a_wrong_row_fails_the_bench(tmp_path):
+    from ringtrain.bench.allreduce import refuse_wrong
+    from ringtrain.bench.allreduce_worker import expected, filled, time_interleaved, wrong_elements
+    # 3 ranks' buffers sum to 6 times the pattern: exact in float32
+    total = sum(filled(10, rank) for rank in range(3))
+    assert wrong_elements(total, expected(10, 3)) == 0
+    assert wrong_elements(total / 3, expected(10, 3, "average")) == 0
+    broken = total.copy()
+    broken[[2, 7]] += 1.0
+    assert wrong_elements(broken, expected(10, 3)) == 2
+    # every trial's result is checked and counted, over the trials (and, here, one rank)
+    runs = {"good": (lambda k: None, lambda: 0), "bad": (lambda k: None, lambda: 2)}
+    _, _, wrong = time_interleaved(runs, 4096, 3, 1, barrier=lambda: None, slowest=lambda t: t, mean=lambda x: x,
+                                   total=lambda x: x)
+    assert wrong == {"good": 0, "bad": 6}
+    rows = [{"impl": "ring", "bytes": 4096, "world_size": 2, "wrong": 6},
+            {"impl": "mpi4py", "bytes": 4096, "world_size": 2, "wrong": 0}]
+    with pytest.raises(RuntimeError, match="6 wrong result elements, in ring at 4,096 B on 2 ranks"):
+        refuse_wrong({"rows": rows}, str(tmp_path))
+
+
+def test_an_expectation_that_does_not_parse_fails_in_one_line_with_an_example(tmp_path):
+    assert_one_line_error(BENCH + ["scaling", "--expect", "efficiency > 0.9", "--out", str(tmp_path)],
+                          "write 'SELECTOR: FIELD OP NUMBER', for example", code=2)
+
+
+def test_expectations_select_rows_and_hold_only_when_every_selected_row_does():
+    rows = [{"mode": "ring", "workers": 2, "efficiency": 0.8}, {"mode": "ring", "workers": 4, "efficiency": 0.6},
+            {"mode": "ps-sync", "workers": 2, "efficiency": None}]
+    checked = expectations.check([expectations.parse(t) for t in (
+        "mode=ring: efficiency >= 0.7", "mode=ring,workers=2: efficiency >= 0.7", "mode=ps-sync: efficiency > 0",
+        "mode=towers: efficiency > 0")], rows)
+    assert [c["holds"] for c in checked] == [False, True, False, False]
+    assert [c["measured"] for c in checked] == ["0.8, 0.6", "0.8", "n/a", "no row matches"]
+    assert expectations.failed(checked).startswith("mode=ring: efficiency >= 0.7 does not hold (measured 0.8, 0.6)")
+
+
 def test_bad_mode_fails_with_one_line_naming_it():
     assert_one_line_error(BENCH + ["scaling", "--modes", "ring,allgather", "--out", "/tmp/unused"],
                           "allgather", code=2, env=child_env())
@@ -255,9 +316,13 @@ def test_bad_mode_fails_with_one_line_naming_it():
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_tiny_allreduce_bench_reports_every_implementation(tmp_path):
-    out = run_bench(["allreduce", "--np", "2", "--sizes", "4K,64K", "--trials", "2",
-                     "--out", str(tmp_path)], timeout=220)
+def test_tiny_allreduce_bench_reports_every_implementation_and_the_users_expectations(tmp_path):
+    # one expectation that holds, one that cannot: the run exits 1 naming the second
+    holds, broken = "impl=ring,world_size=2: wrong == 0", "impl=memcpy: busbw_gbs < 0"
+    done = run(BENCH + ["allreduce", "--np", "2", "--sizes", "4K,64K", "--trials", "2", "--out", str(tmp_path),
+                        "--expect", holds, "--expect", broken], timeout=220, env=child_env())
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1].startswith(f"ringtrain-bench: {broken} does not hold (measured ")
     result = json.loads((tmp_path / "allreduce.json").read_text())
     impls = {r["impl"] for r in result["rows"]}
     assert {"mpi4py", "ring", "memcpy", "horovod-mpi", "horovod-mpi-grads", "horovod-gloo", "grpc-ps"} <= impls
@@ -267,17 +332,44 @@ def test_tiny_allreduce_bench_reports_every_implementation(tmp_path):
             assert r["busbw_gbs"] == pytest.approx(2 * r["algbw_gbs"])
         elif r["impl"] != "memcpy":
             assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * 2 * (2 - 1) / 2)
+    assert all(r["wrong"] == 0 for r in result["rows"]), [r for r in result["rows"] if r["wrong"]]
     assert "horovod-mpi" in result["alpha_beta"] and result["alpha_beta"]["grpc-ps"]["model"] == "ps"
     assert (tmp_path / "allreduce_busbw.png").stat().st_size > 0
-    assert "busbw (GB/s)" in out and (tmp_path / "allreduce.md").exists()
+    assert "busbw (GB/s)" in done.stdout and (tmp_path / "allreduce.md").exists()
+    page = (tmp_path / "report.html").read_text()
+    assert re.search(rf"<td[^>]*>{re.escape(html.escape(holds))}</td>\s*<td[^>]*>[^<]+</td>\s*<td[^>]*>yes</td>", page)
+    assert re.search(rf"<td[^>]*>{re.escape(html.escape(broken))}</td>\s*<td[^>]*>[^<]+</td>\s*<td[^>]*>no</td>", page)
+    render_in_chromium(tmp_path / "report.html", tmp_path / "report.png")
+
+
+def render_in_chromium(page, png):
+    """The report as a browser shows it: headless Chromium renders it with no
+    network, every plot inline; the screenshot holds the text and plots."""
+    chromium = shutil.which("chromium")
+    if not chromium:
+        pytest.skip("no chromium: `make test` installs Debian's (TEST_TOOLS=1 scripts/install.sh)")
+    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-quic",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={png.parent / 'chromium-profile'}", "--window-size=1400,2400"]
+    dom = run(flags + ["--dump-dom", page.as_uri()], timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', dom.stdout)
+    assert images == ["allreduce busbw"], images
+    assert dom.stdout.count("<table") >= 3  # the results, the column definitions, the machine
+    shot = run(flags + [f"--screenshot={png}", page.as_uri()], timeout=120)
+    assert shot.returncode == 0 and png.exists(), shot.stderr[-2000:]
+    pixels = matplotlib.image.imread(png)[..., :3]
+    assert pixels.shape[:2] == (2400, 1400)
+    dark = (pixels.mean(axis=2) < 0.5).mean()  # text, rules and plot lines on a white page
+    assert 0.002 < dark < 0.5, dark
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_tiny_scaling_bench_end_to_end_holds_every_column(tmp_path):
-    # ring (both Horovod loops) and sync PS at N = 1, 2, and the independent trainers
+    # ring, TF's collective mode and sync PS at N = 1, 2, and the independent trainers
     # every row is measured against, which the bench adds itself: eight launches
-    modes = "ring,ring-upstream,ps-sync"
+    modes = "ring,tf-collective,ps-sync"
     out = run_bench(["scaling", "--modes", modes, "--np", "1,2", "--steps", "13", "--batch-size", "16",
                      "--out", str(tmp_path)], timeout=340)
     result = json.loads((tmp_path / "scaling.json").read_text())
@@ -291,8 +383,8 @@ def test_tiny_scaling_bench_end_to_end_holds_every_column(tmp_path):
         assert (row["compute_time_ms"] is None) == (row["mode"] == "independent")
         # per-thread CPU: Horovod's background thread exists in the ring ranks only
         assert row["cpu_other_threads_pct"] > 0
-        assert (row["cpu_horovod_thread_pct"] is None) == row["mode"].startswith("ps-"), row["mode"]
-    assert "upstream loop" in out  # the loop comparison under the table
+        assert (row["cpu_horovod_thread_pct"] is None) == (row["mode"] in ("ps-sync", "tf-collective")), row["mode"]
+    assert "Horovod img/s ÷ TF collective img/s" in out  # the two allreduces side by side
     assert {"horovod", "numpy", "mpirun", "cores", "threads_per_worker", "hostfile"} <= set(result["environment"])
     assert result["config"]["modes"] == modes.split(",")
     assert "efficiency" in out and (tmp_path / "scaling_throughput.png").exists()
@@ -327,7 +419,7 @@ def test_thread_cpu_is_split_into_horovods_named_thread_and_the_rest():
     assert pct["other_threads"] < pct["horovod_thread"]  # this thread slept
 
 
-def test_loop_targets_compare_the_event_loop_with_upstream_in_the_same_rounds():
+def test_the_report_sets_the_event_loop_beside_upstreams_from_the_same_rounds():
     def with_cpu(s, horovod, other):
         s["cpu_pct_of_core"] = [{"horovod_thread": horovod, "other_threads": other}] * s["world_size"]
         return s
@@ -340,9 +432,9 @@ def test_loop_targets_compare_the_event_loop_with_upstream_in_the_same_rounds():
     rows = {(r["mode"], r["workers"]): r for r in result["rows"]}
     assert rows[("ring", 2)]["cpu_horovod_thread_pct"] == pytest.approx(4.0)
     assert rows[("independent", 2)]["cpu_horovod_thread_pct"] is None
-    targets = scaling_report.loop_targets(result)
-    assert [(t.split(":")[0], met) for t, met, _ in targets] == [("N=2", True), ("N=2", True)]
-    assert "upstream loop: 25.0%" in targets[0][2] and "upstream loop: 80%" in targets[1][2]
+    found = scaling_report.loop_findings(result)
+    assert [what.split(":")[0] for what, _ in found] == ["N=2", "N=2"]
+    assert "upstream loop: 25.0%" in found[0][1] and "upstream loop: 80%" in found[1][1]
     assert "ring-upstream" in scaling_report.markdown(result)
 
 

@@ -1,0 +1,117 @@
+"""What the README and the docs tell a user to type works: every command in
+their shell blocks exists, and ringtrain's own commands' flags parse with the
+commands' real parsers (nothing is run). The README stays under 10 KB, and
+the docs build as a site offline."""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from helpers import BIN, REPO
+
+OURS = ("ringtrain", "ps-baseline", "ringtrain-bench", "ringtrain-cluster")
+LAUNCHERS = ("horovodrun", "mpirun", "srun", "sbatch", "env", "timeout")
+SHELL = {"source", "export", "printf", "cat", "cd", "echo", "sudo", "#!/bin/bash"}
+
+
+def documents():
+    docs = os.path.join(REPO, "docs")
+    pages = [os.path.join(docs, name) for name in sorted(os.listdir(docs)) if name.endswith(".md")]
+    return [os.path.join(REPO, "README.md")] + pages
+
+
+def commands(path):
+    """(line number, command line) of every line of the ```sh blocks, continuations joined."""
+    out, block, pending = [], False, ""
+    with open(path) as f:
+        for number, line in enumerate(f, start=1):
+            if line.startswith("```"):
+                block = line.strip() in ("```sh", "```bash")
+                continue
+            if not block or not line.strip() or line.lstrip().startswith("#"):
+                continue
+            pending += line.rstrip("\n")
+            if pending.endswith("\\"):
+                pending = pending[:-1] + " "
+                continue
+            out.append((number, pending.strip()))
+            pending = ""
+    return out
+
+
+CASES = [(os.path.relpath(path, REPO), number, line) for path in documents() for number, line in commands(path)]
+
+
+def test_the_readme_is_short():
+    assert os.path.getsize(os.path.join(REPO, "README.md")) <= 10 * 1024
+
+
+@pytest.mark.parametrize("page,number,line", CASES, ids=[f"{p}:{n}" for p, n, _ in CASES])
+def test_every_command_in_the_docs_exists_and_its_flags_parse(page, number, line):
+    words = shlex.split(line, comments=True)
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):  # NAME=VALUE before the command
+        words = words[1:]
+    if not words or words[0] in SHELL or words[0].startswith("~/"):
+        return
+    check(words, f"{page}:{number}: {line}")
+
+
+def check(words, where):
+    program = words[0]
+    if program == "make":
+        targets = re.findall(r"^([\w-]+):", open(os.path.join(REPO, "Makefile")).read(), re.M)
+        assert all(target in targets for target in words[1:]), f"{where}: no such make target"
+        return
+    if program.startswith(("mpi_hostfiles/", "./")):
+        assert os.access(os.path.join(REPO, program), os.X_OK), f"{where}: {program} is not an executable here"
+        return
+    assert shutil.which(program, path=BIN + os.pathsep + os.environ.get("PATH", "")), f"{where}: no {program}"
+    if program in LAUNCHERS:
+        inner = next((i for i, word in enumerate(words) if word in OURS or word.endswith(tuple(f"/{o}" for o in OURS))),
+                     None)
+        if inner is not None:
+            check([os.path.basename(words[inner]), *words[inner + 1:]], where)
+        return
+    if program in OURS:
+        parse(program, words[1:], where)
+
+
+def parse(program, args, where):
+    from ringtrain.bench import cli as bench_cli
+    from ringtrain.multihost import cluster_cli
+    from ringtrain.ps_baseline import cli as ps_cli, launcher, towers
+    from ringtrain import cli as ring_cli
+    if program == "ringtrain" and args[:1] == ["doctor"]:
+        from ringtrain import doctor
+        parser, args = doctor.parser(), args[1:]
+    elif program == "ringtrain":
+        parser = ring_cli.parser()
+    elif program == "ps-baseline" and args[:1] == ["launch"]:
+        parser, args = launcher.launch_parser(), args[1:]
+    elif program == "ps-baseline" and args[:1] == ["towers"]:
+        parser, args = towers.parser(), args[1:]
+    elif program == "ps-baseline":
+        parser = ps_cli.task_parser()
+    elif program == "ringtrain-bench":
+        parser = bench_cli.parser()
+    else:
+        parser = cluster_cli.parser()
+        if "exec" in args and "--" in args:  # the command run on the host is checked too
+            check(args[args.index("--") + 1:], where)
+            args = args[:args.index("--") + 1]
+    try:
+        parser.parse_args(args)
+    except SystemExit as e:
+        pytest.fail(f"{where}: its flags do not parse (exit {e.code})")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_docs_build_offline(tmp_path):
+    done = subprocess.run([os.path.join(BIN, "mkdocs"), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=REPO, capture_output=True, text=True, timeout=100, env=dict(os.environ, NO_PROXY="*"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "site" / "index.html").exists() and (tmp_path / "site" / "features" / "index.html").exists()
