@@ -1,4 +1,4 @@
-"""A run that diverges (issue 12, "no silent NaN"): it stops at once with one
+"""A run that diverges: it stops at once with one
 line naming the step, the ranks and the last good checkpoint, exits non-zero,
 and never writes NaN into JSON; --on-nan skip skips the bad updates instead.
 Float flags refuse inf and nan before TF loads."""

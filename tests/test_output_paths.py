@@ -1,4 +1,4 @@
-"""Every output path is checked at start-up (issue 12, "fail early"): under a
+"""Every output path is checked at start-up: under a
 file, on a read-only file system, or a directory where a file is wanted, the
 run fails in one line within seconds, before any training. A missing folder
 for a summary or weights file is made."""
