@@ -2,9 +2,11 @@
 (multihost.procs, which ends the whole tree afterwards), reading summaries,
 weights and checkpoints, the one-line-error check, and PS tasks started one
 process per task, as the classic distributed-TensorFlow tutorials do."""
+import contextlib
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -264,3 +266,16 @@ class Tasks:
 
     def __exit__(self, *exc):
         procs.stop_all(list(self.procs.values()))
+
+
+@contextlib.contextmanager
+def own_tmpfs(path, name, options):
+    """A tmpfs of our own at `path` (made), named `name`, unmounted after; skips unless root."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a file system needs root")
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, name, str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

@@ -13,12 +13,11 @@ import os
 import pathlib
 import re
 import signal
-import subprocess
 import time
 
 import pytest
 
-from helpers import BIN, ONE_THREAD, PS_BASELINE, REPO, Tasks, last_json, run, run_in_terminal
+from helpers import BIN, ONE_THREAD, PS_BASELINE, REPO, Tasks, last_json, own_tmpfs, run, run_in_terminal
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 README = pathlib.Path(REPO) / "README.md"
@@ -242,13 +241,8 @@ def test_every_cell_of_the_table(mode, feature, runs, request):
 @pytest.fixture
 def small_disk(tmp_path):
     """A 4 MB tmpfs of our own: one mnist_mlp checkpoint (SGD, 2.6 MB) fits, a second does not."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a file system needs root")
-    path = tmp_path / "small"
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "ringtrain-test-small", str(path)], check=True)
-    yield path
-    subprocess.run(["umount", str(path)], check=True)
+    with own_tmpfs(tmp_path / "small", "ringtrain-test-small", "size=4m") as path:
+        yield path
 
 
 # --- a frozen worker ---------------------------------------------------------------------------

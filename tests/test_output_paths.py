@@ -3,11 +3,10 @@ file, on a read-only file system, or a directory where a file is wanted, the
 run fails in one line within seconds, before any training. A missing folder
 for a summary or weights file is made."""
 import os
-import subprocess
 
 import pytest
 
-from helpers import BENCH, ONE_THREAD, PS_BASELINE, assert_one_line_error, last_json, run_ok
+from helpers import BENCH, ONE_THREAD, PS_BASELINE, assert_one_line_error, last_json, own_tmpfs, run_ok
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,13 +22,8 @@ def blocker(tmp_path):
 @pytest.fixture
 def read_only(tmp_path):
     """A read-only file system of our own (a tmpfs mounted ro), unmounted after."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a read-only file system needs root")
-    path = tmp_path / "ro"
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "ringtrain-test-ro", str(path)], check=True)
-    yield str(path)
-    subprocess.run(["umount", str(path)], check=True)
+    with own_tmpfs(tmp_path / "ro", "ringtrain-test-ro", "ro,size=1m") as path:
+        yield str(path)
 
 
 @pytest.mark.parametrize("flag", ["--checkpoint-dir", "--log-dir"])
