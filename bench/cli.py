@@ -8,9 +8,9 @@ import time
 
 from ringtrain.bench import expectations
 from ringtrain.bench.publish import publish
-from ringtrain.workloads.catalog import MODEL_SPECS
 from ringtrain.workloads.errors import UsageError, run_cli
-from ringtrain.workloads.flags import OneLineParser, finite_float, non_negative_float, positive_float, positive_int
+from ringtrain.workloads.flags import (OneLineParser, finite_float, image_shape, model_name, non_negative_float,
+                                      positive_float, positive_int)
 from ringtrain.workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS, knob_env
 from ringtrain.workloads.outputs import check_outputs
 
@@ -27,6 +27,10 @@ EXAMPLES = """examples:
   ringtrain-bench scaling --hostfile hosts --np 1,2,4 --modes ring,ring-gloo,ps-sync,ps-async --num-ps 1,N --out r
   ringtrain-bench scaling --cluster 4 --link-rate 1gbit,10gbit --time-dilation 1,10 --model resnet50 --np 1,2,4 --out r
   ringtrain-bench allreduce --cluster 4 --link-rate 1gbit --np 2,4 --mpi-algorithms ring,rabenseifner,recursive_doubling --out r
+
+  your own model: what it sends per step, and a profile file that the simulated accelerator trains on:
+  ringtrain-bench profile --model keras:ResNet50 --image-shape 224x224x3 --num-classes 1000 --step-ms 292 --out r50.json
+  ringtrain-bench scaling --cluster 4 --model r50.json --np 1,2,4 --out r
 
   your own line through the results; exit 1 when it does not hold:
   ringtrain-bench scaling --np 1,2 --expect 'mode=ring,workers=2: efficiency >= 0.7' --out r
@@ -208,7 +212,9 @@ def add_tradeoff_flags(p, steps, data, simulate):
 def add_run_flags(p, np_type, np_default, np_help, timeout, model_help="default %(default)s"):
     """The flags every subcommand has: rank counts, model, output folder, time limit."""
     p.add_argument("--np", type=np_type, default=np_default, help=np_help)
-    p.add_argument("--model", default="mnist_cnn", choices=sorted(MODEL_SPECS), help=model_help)
+    p.add_argument("--model", default="mnist_cnn", type=model_name, metavar="NAME",
+                   help=model_help + "; as the trainers' --model: a catalog name, keras:NAME, "
+                                     "package.module:function or a profile FILE.json")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--timeout", type=positive_float, default=timeout,
                    help=f"seconds per launch (default {timeout:g})")
@@ -266,7 +272,40 @@ def parser():
     cv.add_argument("--snapshot-every", type=positive_int, default=10, metavar="K",
                     help="evaluate the weights of every K-th step (default %(default)s)")
     cv.add_argument("--straggler", metavar="RANK:FACTOR[:EVERY]", help="run every mode with this straggler")
+    pr = sub.add_parser("profile", help="a model's parameters, gradient bytes and tensors, one step timed here, "
+                        "and a gradient profile FILE.json for --model", **common)
+    pr.add_argument("--model", required=True, type=model_name, metavar="NAME",
+                    help="a catalog name, keras:NAME or package.module:function")
+    pr.add_argument("--image-shape", type=image_shape, metavar="HxWxC",
+                    help="the input (default: the model's own; 32x32x3 for keras:NAME and factories)")
+    pr.add_argument("--num-classes", type=positive_int, metavar="K",
+                    help="classes, for keras:NAME and factories (default 10, the datasets')")
+    pr.add_argument("--batch-size", type=positive_int, default=32, metavar="B", help="default %(default)s")
+    pr.add_argument("--measure-steps", type=int, default=3, metavar="K",
+                    help="time K steps here after one untimed (0: none; default %(default)s)")
+    pr.add_argument("--threads", type=int, default=0, metavar="T", help="TF threads (0: TF's default)")
+    pr.add_argument("--step-ms", type=positive_float, metavar="MS",
+                    help="the step time to write into the profile, e.g. a published GPU figure "
+                         "(default: the one measured here)")
+    pr.add_argument("--out", metavar="FILE.json", help="write the profile here, for --model FILE.json")
     return p
+
+
+def run_profile(args):
+    from ringtrain.bench import profile
+    if args.out and not args.out.endswith(".json"):
+        raise UsageError(f"--out {args.out}: a profile is a .json file (--model takes it by that ending)")
+    from ringtrain.workloads.catalog import check_model
+    check_model(args.model)
+    result = profile.run(args.model, args.image_shape, args.num_classes, args.batch_size, args.measure_steps,
+                         args.step_ms, args.threads)
+    print(profile.markdown(result), end="", flush=True)
+    if args.out:
+        if not result["step_ms"]:
+            raise UsageError("the profile needs a step time: give --step-ms MS, or --measure-steps K")
+        profile.write(result, args.out)
+        print(f"ringtrain-bench: profile written to {args.out}: train it with --model {args.out}", file=sys.stderr)
+    return 0
 
 
 def horovod_env(args):
@@ -402,6 +441,8 @@ def run_scaling(args, log):
 
 def _main(argv):
     args = parser().parse_args(argv)
+    if args.command == "profile":
+        return run_profile(args)
     check_outputs(args)
     check_site(args)
     os.makedirs(args.out, exist_ok=True)

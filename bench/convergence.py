@@ -54,15 +54,12 @@ def run(cfg, out_dir, log=print):
 
 def evaluator(cfg):
     """accuracy(weights by name) on the whole test split, in this process."""
-    import tensorflow as tf
-    from ringtrain.workloads import data, models
-    from ringtrain.workloads.catalog import MODEL_SPECS
-    from ringtrain.workloads.evaluation import evaluate
-    dataset = data.load(cfg["data"], cfg.get("data_dir"), MODEL_SPECS[cfg["model"]].image_shape)
-    model = models.build(cfg["model"], seed=0)
-    by_name = {v.name[:-2] if v.name.endswith(":0") else v.name: v for v in model.variables}
-    metrics = tf.function(lambda images, labels: models.correct_and_loss_sum(model(images, False), labels),
-                          reduce_retracing=True)
+    from ringtrain.workloads import catalog, data, models
+    from ringtrain.workloads.evaluation import evaluate, metrics_of
+    dataset = data.load(cfg["data"], cfg.get("data_dir"), catalog.image_shape(cfg["model"]))
+    model = models.build(cfg["model"], seed=0, image_shape=dataset.train_images.shape[1:])
+    by_name = {models.variable_name(v): v for v in model.variables}
+    metrics = metrics_of(model)
 
     def accuracy(weights):
         missing = sorted(set(by_name) - set(weights))

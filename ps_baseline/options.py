@@ -3,9 +3,11 @@
 import argparse
 from dataclasses import dataclass
 
+from ringtrain.workloads.catalog import simulated_step_ms
 from ringtrain.workloads.errors import UsageError
-from ringtrain.workloads.flags import positive_float, positive_int
+from ringtrain.workloads.flags import positive_float, positive_int, refuse_sync_batch_norm
 from ringtrain.workloads.straggler import check as check_straggler
+from ringtrain.workloads.user_models import is_user_model
 
 PROG = "ps-baseline"
 PLACEMENTS = ("round_robin", "greedy", "partitioned")  # see ps_baseline/placement.py
@@ -75,6 +77,15 @@ def check_mode(args, num_workers):
     if args.api == "tf2" and args.placement == "greedy":
         raise UsageError("--api tf2 places variables round-robin or partitioned; greedy is v1 only")
     check_straggler(args.straggler, num_workers, "worker task")
+    refuse_sync_batch_norm(args, "PS workers each push their own batch's gradients")
+    if args.api == "v1" and is_user_model(args.model) and not simulated_step_ms(args.model, args.simulate_gpu):
+        raise UsageError(f"--model {args.model}: Keras cannot build its layers in the tf.compat.v1 graphs of "
+                         f"--api v1 ({args.replication}): use --api tf2 (ParameterServerStrategy), or add "
+                         f"--simulate-gpu MS to exchange its gradients' real shapes")
+    if args.api == "tf2" and args.placement == "partitioned" and is_user_model(args.model) and \
+            not simulated_step_ms(args.model, args.simulate_gpu):
+        raise UsageError(f"--model {args.model}: Keras 3 layers cannot use the sharded variables of --placement "
+                         f"partitioned: use --placement round_robin")
     if args.snapshot_every and args.placement == "partitioned":
         raise UsageError("--snapshot-every saves whole variables: use --placement round_robin or greedy")
 

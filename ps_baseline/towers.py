@@ -10,7 +10,8 @@ towers add are marked `# Towers:`.
 """
 from ringtrain.workloads import config as run_config
 from ringtrain.workloads import loop
-from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
+from ringtrain.workloads.flags import (OneLineParser, add_training_flags, load_training_data, positive_int,
+                                      refuse_sync_batch_norm)
 from ringtrain.workloads.outputs import check_outputs
 from ringtrain.workloads.sharding import steps_per_epoch
 from ringtrain.workloads.straggler import check as check_straggler
@@ -42,6 +43,7 @@ def main(argv):
     check_outputs(args)
     dataset = load_training_data(args)  # numpy: bad input fails before TF loads
     check_straggler(args.straggler, args.towers, "tower")
+    refuse_sync_batch_norm(args, "towers share their variables but not their batches' statistics")
     from ringtrain.workloads.tfenv import import_tensorflow_quietly
     import_tensorflow_quietly()
     return train(run_config.from_args(args), args.towers, dataset)
@@ -49,7 +51,7 @@ def main(argv):
 
 def train(config, k, dataset):
     import tensorflow as tf
-    from ringtrain.workloads import pipeline
+    from ringtrain.workloads import models, pipeline
     from ringtrain.workloads.checkpoints import ObjectStore, Progress
     from ringtrain.workloads.evaluation import metrics_of
     if config.data.threads:
@@ -86,9 +88,8 @@ def train(config, k, dataset):
 
     run.run(step, together(towers), start=progress, describe=f"{k} tower(s) on {', '.join(devices)} x batch "
             f"{config.data.batch_size}", metrics=metrics_of(model),
-            read_weights=lambda: [(v.name, v.numpy()) for v in model.variables],
-            fields=lambda reports: dict(devices=devices, gradient_bytes=sum(
-                v.shape.num_elements() * v.dtype.size for v in model.trainable_variables)))
+            read_weights=lambda: models.named_weights(model),
+            fields=lambda reports: dict(devices=devices, gradient_bytes=models.gradient_bytes(model)))
     return 0
 
 
@@ -106,7 +107,7 @@ def make_train_step(tf, model, optimizer, devices):
             with tf.device(device):
                 started = tf.timestamp()
                 with tf.control_dependencies([started]), tf.GradientTape() as tape:
-                    loss_sum = tf.reduce_sum(weights * models.per_example_loss(model(images, True), labels))
+                    loss_sum = models.weighted_loss_sum(model, images, labels, weights)
                     # the global batch's mean per-tower share, as in every other mode
                     loss = loss_sum / (global_count / k)
                 tower_grads, waited = wait_after(tf, tape.gradient(loss, model.trainable_variables),

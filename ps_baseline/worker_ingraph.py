@@ -148,6 +148,7 @@ def train(config, ps, cluster, dataset):
 
 def train_steps(run, session, sessions, g, config, ps, cluster, dataset, per_epoch):
     """The client's loop: every step feeds each tower its own shard's batch."""
+    from ringtrain.workloads.models import variable_name
     num_towers = len(g.towers)
     start = int(sessions.run(g.global_step))
     if start:
@@ -178,7 +179,7 @@ def train_steps(run, session, sessions, g, config, ps, cluster, dataset, per_epo
     return run.run(step, batches(), start=start,
                    metrics=None if g.simulated else lambda images, labels: sessions.run(
                        g.test_metrics, {g.towers[0].feeds.images: images, g.towers[0].feeds.labels: labels}),
-                   read_weights=lambda: list(zip([v.name for v in g.model_variables],
+                   read_weights=lambda: list(zip([variable_name(v) for v in g.model_variables],
                                                  sessions.run(g.model_variables))),
                    fields=lambda reports: dict(
                        num_ps=len(g.ps_bytes), api="v1", replication="in-graph", placement=ps.placement,

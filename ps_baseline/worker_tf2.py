@@ -42,6 +42,7 @@ def serve(tf, cluster, job_name, task_index, threads, log):
 
 def train(config, ps, cluster, dataset):
     import tensorflow as tf
+    from ringtrain.workloads import models
     from ringtrain.workloads.checkpoints import ObjectStore
     from ringtrain.workloads.devices import pin_gpu
     from ringtrain.workloads.evaluation import metrics_of
@@ -105,7 +106,7 @@ def train(config, ps, cluster, dataset):
     run.run(step, counted(), start=start, total=(config.loop.steps or per_epoch * config.loop.epochs) * num_workers,
             lag=LAG_PER_WORKER * num_workers, describe=f"{num_workers} worker(s), {num_ps} ps",
             metrics=metrics_of(state.model), epochs=lambda steps: steps / (num_workers * per_epoch),
-            read_weights=lambda: [(v.name, v.numpy()) for v in state.model.variables], fields=fields)
+            read_weights=lambda: models.named_weights(state.model), fields=fields)
     return 0
 
 
@@ -180,7 +181,7 @@ def make_worker_step(tf, strategy, state, num_workers):
             started = tf.timestamp()
             with tf.control_dependencies([read_step, started]):  # weights are read after the step count
                 with tf.GradientTape() as tape:
-                    loss_sum = tf.reduce_sum(weights * models.per_example_loss(model(images, True), labels))
+                    loss_sum = models.weighted_loss_sum(model, images, labels, weights)
                     loss = loss_sum / (global_count / num_workers)
             grads = tape.gradient(loss, model.trainable_variables)
             grads, waited = wait_after(tf, grads, started, extra)  # --straggler, on the straggler only

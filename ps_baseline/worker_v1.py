@@ -228,6 +228,7 @@ def train(config, ps, cluster, task, dataset):
 
 def train_steps(run, session, sessions, g, config, ps, dataset, task, per_epoch):
     """This worker's share of training, through the shared loop."""
+    from ringtrain.workloads.models import variable_name
     num_workers = len(g.worker_steps)
     local_step, global_step = sessions.run([g.worker_steps[task], g.global_step])
     if local_step:
@@ -275,7 +276,7 @@ def train_steps(run, session, sessions, g, config, ps, dataset, task, per_epoch)
     summary = run.run(step, batches(), start=int(local_step), total=total, until_updates=ps.sync,
                    metrics=None if g.simulated else lambda images, labels: sessions.run(
                        g.test_metrics, {g.feeds.images: images, g.feeds.labels: labels}),
-                   read_weights=lambda: list(zip([v.name for v in g.model_variables],
+                   read_weights=lambda: list(zip([variable_name(v) for v in g.model_variables],
                                                  sessions.run(g.model_variables))),
                    epochs=lambda steps: steps * k / (num_workers * per_epoch),
                    report=lambda: {"staleness": staleness.as_list(), "staleness_histogram": staleness.histogram},

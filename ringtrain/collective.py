@@ -61,8 +61,9 @@ def train(config, collective, cluster, dataset):
     rank, workers = cluster
     size = max(len(workers), 1)
     check_straggler(config.loop.straggler, size)
+    import keras
     import tensorflow as tf
-    from ringtrain.workloads import pipeline
+    from ringtrain.workloads import models, pipeline
     from ringtrain.workloads.devices import local_index, pin_gpu
     from ringtrain.workloads.evaluation import metrics_of
     from ringtrain.workloads.tfenv import set_threads
@@ -83,7 +84,9 @@ def train(config, collective, cluster, dataset):
             implementation=collective.communication))
     with strategy.scope():
         # TF: the variables are mirrored on every worker; updates are applied to all alike.
-        model = config.model.build()
+        # TF: with --sync-batch-norm, Keras all-reduces batch statistics over the workers.
+        model = config.model.build(synchronized_batch_norm=lambda layer: keras.layers.BatchNormalization(
+            **layer, synchronized=True))
         optimizer = config.optimizer.keras()
         optimizer.build(model.trainable_variables)
 
@@ -113,10 +116,10 @@ def train(config, collective, cluster, dataset):
                                     progress.batches_done(size, config.data.batch_size), config.data.threads)
     run.run(step, batches, start=progress, learning_rate=lambda number: lr_at(number - 1),
             describe=f"{size} worker(s) x batch {config.data.batch_size}", metrics=metrics_of(model),
-            read_weights=lambda: [(v.name, v.numpy()) for v in model.variables],
+            read_weights=lambda: models.named_weights(model),
             fields=lambda reports: dict(
                 controller="tf", allreduce_algorithm=implementation_in_effect(tf, collective.communication),
-                gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables)))
+                gradient_bytes=models.gradient_bytes(model)))
     return 0
 
 
@@ -126,7 +129,7 @@ def make_train_step(tf, strategy, model, optimizer):
 
     def replica_step(images, labels, weights, global_count):
         with tf.GradientTape() as tape:
-            loss_sum = tf.reduce_sum(weights * models.per_example_loss(model(images, True), labels))
+            loss_sum = models.weighted_loss_sum(model, images, labels, weights)
             # TF: divided by the global batch's samples, the SUM of the workers'
             # gradients is exactly the global batch's gradient.
             loss = loss_sum / global_count

@@ -29,7 +29,8 @@ def train(config, horovod, dataset):
     # Horovod: pin each rank to one GPU by local rank, where there are GPUs.
     device = pin_gpu(hvd.local_rank())
 
-    model = config.model.build()
+    # Horovod: with --sync-batch-norm, batch statistics are all-reduced over the ranks.
+    model = config.model.build(synchronized_batch_norm=hvd.SyncBatchNormalization.from_config)
     optimizer = config.optimizer.keras()
     optimizer.build(model.trainable_variables)
     if horovod.elastic:
@@ -58,7 +59,7 @@ def training(hvd, config, horovod, dataset, model, optimizer, **mode):
 def train_on_this_world(hvd, run, horovod, dataset, model, optimizer, progress, after_step=None,
                         extra_fields=None):
     """Training from `progress` on, at the present rank count."""
-    from ringtrain.workloads import pipeline
+    from ringtrain.workloads import models, pipeline
     from ringtrain.workloads.evaluation import metrics_of
     c = run.config
     # Horovod: the lr grows with the rank count, after a warm-up.
@@ -80,11 +81,11 @@ def train_on_this_world(hvd, run, horovod, dataset, model, optimizer, progress, 
         step, batches, start=progress.step, learning_rate=lambda number: lr_at(number - 1),
         describe=f"{hvd.size()} rank(s) x batch {c.data.batch_size}",
         metrics=metrics_of(model), after_step=after_step,
-        read_weights=lambda: [(v.name, v.numpy()) for v in model.variables],
+        read_weights=lambda: models.named_weights(model),
         fields=lambda reports: dict(
             controller=controller, allreduce_algorithm=allreduce_algorithm_in_effect(controller),
             horovod_loop=horovod_loop_in_effect(),
-            gradient_bytes=sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables),
+            gradient_bytes=models.gradient_bytes(model),
             **(extra_fields or {})))
 
 
@@ -99,7 +100,7 @@ def make_train_step(hvd, horovod, model, optimizer):
     @tf.function
     def train_step(images, labels, weights, global_count):
         with tf.GradientTape() as tape:
-            loss_sum = tf.reduce_sum(weights * models.per_example_loss(model(images, True), labels))
+            loss_sum = models.weighted_loss_sum(model, images, labels, weights)
             # Horovod: divide by the global batch's mean per-rank share, not the local
             # count, so that averaging over ranks gives exactly the global batch's gradient.
             loss = loss_sum / (global_count / hvd.size())

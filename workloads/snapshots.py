@@ -37,16 +37,12 @@ class Snapshots:
         began = time.perf_counter()
         training_seconds = began - self.start - self.overhead
         name = f"step-{step:07d}.npz"
-        np.savez(os.path.join(self.folder, name), **{_plain(n): v for n, v in read_weights()})
+        np.savez(os.path.join(self.folder, name), **dict(read_weights()))
         with open(os.path.join(self.folder, INDEX), "a") as f:
             f.write(json.dumps({"step": int(step), "samples_seen": int(samples_seen),
                                 "training_seconds": training_seconds, "unix_time": time.time(),
                                 "snapshot_seconds_so_far": self.overhead, "file": name, **fields}) + "\n")
         self.overhead += time.perf_counter() - began
-
-
-def _plain(name):
-    return name[:-2] if name.endswith(":0") else name
 
 
 def read(folder):

@@ -1,0 +1,140 @@
+"""Models from outside the catalog: a keras.applications network by name and
+the user's own factory (examples/my_model.py, the README's example), in ring
+mode, TF collective mode and TF2 PS; what batch norm's statistics do in each;
+`ringtrain-bench profile`; and the one-line refusals."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import (BENCH, BIN, ENV, ONE_THREAD, REPO, assert_one_line_error, assert_same_weights, last_json, mpirun,
+                     run_ok, weights)
+
+EXAMPLES_ENV = dict(ENV, PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(REPO, "examples"),
+                                                                   ENV.get("PYTHONPATH")])))
+RINGTRAIN = os.path.join(BIN, "ringtrain")
+FACTORY = ["--model", "my_model:small_cnn"]
+# SGD, no lr scaling or warm-up: the updates are a pure function of the data.
+DETERMINISTIC = [*FACTORY, "--optimizer", "sgd", "--lr", "0.05", "--no-lr-scaling", "--warmup-epochs", "0",
+                 "--log-every", "1000", "--steps", "6", *ONE_THREAD]
+USUAL_FIELDS = {"images_per_sec", "images_per_sec_per_worker", "step_time_sec", "test_accuracy", "train_loss",
+                "steps", "world_size", "gradient_bytes", "model", "wall_time_sec"}
+
+
+def moving_statistics(arrays, model="my_model:small_cnn"):
+    """Which of a --dump-weights' arrays (model.variables order) are not
+    trained (batch norm's moving statistics), read from the model itself."""
+    import keras
+    from ringtrain.workloads import user_models
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    try:
+        built = user_models.build(model, (32, 32, 3), 10)
+    finally:
+        sys.path.pop(0)
+    trainable = {id(v) for v in built.trainable_variables}
+    assert len(built.variables) == len(arrays)
+    assert all(isinstance(v, keras.Variable) for v in built.variables)
+    return [i for i, v in enumerate(built.variables) if id(v) not in trainable]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sync_batch_norm_makes_two_ranks_one_process_on_the_global_batch(tmp_path):
+    """--sync-batch-norm: 2 ranks x batch 8 equal one process on batch 16 in
+    every weight, batch norm's moving statistics included, in ring mode and
+    in TF's collective mode; the factory's summary has the usual fields."""
+    one, ring, collective = (str(tmp_path / f"{name}-{{rank}}.npz") for name in ("one", "ring", "collective"))
+    run_ok([RINGTRAIN, *DETERMINISTIC, "--sync-batch-norm", "--batch-size", "16", "--dump-weights", one],
+           env=EXAMPLES_ENV)
+    out = run_ok(mpirun(2, *DETERMINISTIC, "--sync-batch-norm", "--batch-size", "8", "--dump-weights", ring),
+                 env=EXAMPLES_ENV, timeout=240)
+    summary = last_json(out)
+    assert USUAL_FIELDS <= set(summary) and summary["world_size"] == 2 and summary["model"] == "my_model:small_cnn"
+    run_ok(mpirun(2, *DETERMINISTIC, "--sync-batch-norm", "--batch-size", "8", "--backend", "tf-collective",
+                  "--dump-weights", collective), env=EXAMPLES_ENV, timeout=240)
+    reference = weights(one, 0)
+    assert len(moving_statistics(reference)) == 2  # the example's one batch norm: mean and variance
+    assert_same_weights(weights(ring, 0), weights(ring, 1), exact=True)
+    for dump in (ring, collective):
+        assert_same_weights(weights(dump, 0), reference)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_keras_resnet50_trains_under_mpirun_with_statistics_kept_per_rank(tmp_path):
+    """keras:ResNet50 (weights=None, 32x32 synthetic images) under mpirun -np 2:
+    the weights that are trained stay identical on both ranks; batch norm's
+    moving statistics, without --sync-batch-norm, are each rank's own."""
+    dump = str(tmp_path / "w-{rank}.npz")
+    out = run_ok(mpirun(2, "--model", "keras:ResNet50", "--batch-size", "2", "--steps", "1", "--warmup-steps", "0",
+                        "--optimizer", "sgd", *ONE_THREAD, "--dump-weights", dump), timeout=400)
+    summary = last_json(out)
+    assert USUAL_FIELDS <= set(summary) and summary["steps"] == 1 and summary["world_size"] == 2
+    assert summary["gradient_bytes"] == 4 * 23_555_082  # ResNet50's 25,583,592 less its 1000-class head, at 10
+    rank0, rank1 = weights(dump, 0), weights(dump, 1)
+    statistics = moving_statistics(rank0, "keras:ResNet50")
+    assert len(statistics) == 2 * 53  # 53 batch norms
+    trained = [i for i in range(len(rank0)) if i not in statistics]
+    assert_same_weights([rank0[i] for i in trained], [rank1[i] for i in trained], exact=True)
+    assert any(not np.array_equal(rank0[i], rank1[i]) for i in statistics)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_factory_trains_under_tf2_parameter_servers():
+    out = run_ok([os.path.join(BIN, "ps-baseline"), "launch", "--api", "tf2", "--num-ps", "1", "--num-workers", "2",
+                  *FACTORY, "--steps", "8", "--batch-size", "16", "--log-every", "4", *ONE_THREAD],
+                 env=EXAMPLES_ENV, timeout=240)
+    summary = last_json(out)
+    assert USUAL_FIELDS - {"images_per_sec_per_worker", "step_time_sec", "gradient_bytes"} <= set(summary)
+    assert summary["mode"] == "ps-tf2" and summary["model"] == "my_model:small_cnn"
+    assert summary["steps"] == 16 and 0 <= summary["test_accuracy"] <= 1
+
+
+def test_profile_of_the_catalog_and_of_keras_resnet50_agree(tmp_path):
+    """The catalog's resnet50 (parameter shapes only) and keras.applications'
+    ResNet50 at 1000 classes: the same 25,583,592 trainable parameters in the
+    same 214 tensors (Keras builds a block's projection shortcut after its
+    first convolution, the catalog before it: the order differs)."""
+    results = {}
+    for name, extra in (("resnet50", []), ("keras:ResNet50", ["--num-classes", "1000", "--step-ms", "100"])):
+        path = str(tmp_path / f"{name.replace(':', '_')}.json")
+        out = run_ok([*BENCH, "profile", "--model", name, "--measure-steps", "0", "--out", path, *extra], timeout=120)
+        assert "trainable parameters: 25,583,592" in out, out
+        with open(path) as f:
+            results[name] = json.load(f)
+    catalog, keras_ = results["resnet50"], results["keras:ResNet50"]
+    assert catalog["trainable_parameters"] == keras_["trainable_parameters"] == 25_583_592
+    assert catalog["tensors"] == keras_["tensors"] == 214
+    shapes = lambda p: [tuple(s) for _, variables in p["layers"] for _, s in variables]
+    assert sorted(shapes(catalog)) == sorted(shapes(keras_))
+    assert keras_["step_ms"] == 100 and keras_["step_ms_source"] == "given (--step-ms)"
+
+
+# (The ones that import TensorFlow, to find the model, take seconds each: not in the quick suite.)
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("args, expected", [
+    pytest.param(["ringtrain", "--model", "keras:NoSuchNet"], "keras.applications has no NoSuchNet", marks=SLOW),
+    pytest.param(["ringtrain", "--model", "no_such_module:build"], "cannot import no_such_module", marks=SLOW),
+    pytest.param(["ringtrain", "--model", "my_model:no_such_function"], "has no function no_such_function",
+                 marks=SLOW),
+    pytest.param(["ringtrain", "--model", "keras:ResNet50", "--image-shape", "8x8x3", "--steps", "1"],
+                 "give --image-shape", marks=SLOW),
+    pytest.param(["ringtrain", "--model", "mnist_mlp", "--sync-batch-norm", "--steps", "1"],
+                 "replaces Keras BatchNormalization", marks=SLOW),
+    pytest.param(["ps-baseline", "towers", "--model", "my_model:small_cnn", "--sync-batch-norm"], "drop it",
+                 marks=SLOW),
+    (["ringtrain", "--model", "mnist_mlp", "--image-shape", "32x32x3"], "--image-shape is for --dataset synthetic"),
+    (["ringtrain", "--model", "a b"], "unknown model 'a b'"),
+    (["ps-baseline", "launch", "--model", "my_model:small_cnn"], "use --api tf2"),
+    (["ps-baseline", "launch", "--api", "tf2", "--placement", "partitioned", "--model", "my_model:small_cnn"],
+     "use --placement round_robin"),
+    (["ps-baseline", "launch", "--api", "tf2", "--model", "my_model:small_cnn", "--sync-batch-norm"],
+     "--sync-batch-norm needs workers that train one global batch together"),
+])
+def test_bad_model_input_is_one_line(args, expected):
+    assert_one_line_error([os.path.join(BIN, args[0]), *args[1:]], expected, within=30, env=EXAMPLES_ENV)
