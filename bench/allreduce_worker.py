@@ -119,14 +119,14 @@ class HorovodRuns:
     and eagerly, one Python call per operation, for comparison."""
 
     def __init__(self, label):
-        from ringtrain.workloads.tfenv import import_tensorflow_quietly, set_threads
+        from ringtrain.workloads.tfenv import import_tensorflow_quietly, set_threads, step_function
         tf = self.tf = import_tensorflow_quietly()
         set_threads(1)
         import horovod.tensorflow as hvd  # (the launch sets the MPI environment ringtrain trains with)
         self.hvd, self.label = hvd, label
         hvd.init()
 
-        @tf.function
+        @step_function
         def chained(x, k):
             # each allreduce starts when the previous one ends, as in back-to-back steps;
             # averaging keeps the ranks' average: the last result is known however many ran
@@ -134,7 +134,7 @@ class HorovodRuns:
             out = tf.while_loop(lambda i, v: i < k, body, (tf.constant(0), x))[1]
             return out[:1], out
 
-        @tf.function
+        @step_function
         def chained_grads(tensors, k):
             def body(i, *grads):
                 return (i + 1,) + tuple(hvd.allreduce(g, op=hvd.Average, name=f"bench.grad{j}")

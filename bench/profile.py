@@ -63,13 +63,14 @@ def _classes(model_name, num_classes):
 def _time_steps(tf, models, model, shape, num_classes, batch_size, steps):
     """The median of `steps` timed SGD steps (forward, backward, update) after one untimed."""
     import keras
+    from ringtrain.workloads.tfenv import step_function
     rng = np.random.default_rng(0)
     images = tf.constant(rng.random((batch_size, *shape), np.float32))
     labels = tf.constant(rng.integers(0, num_classes, batch_size, dtype=np.int32))
     weights = tf.ones([batch_size])
     optimizer = keras.optimizers.SGD(0.01)
 
-    @tf.function
+    @step_function
     def step():
         with tf.GradientTape() as tape:
             loss = models.weighted_loss_sum(model, images, labels, weights) / batch_size

@@ -97,9 +97,10 @@ def make_train_step(tf, model, optimizer, devices):
     from ringtrain.workloads import models
     from ringtrain.workloads.gradients import apply_if_finite
     from ringtrain.workloads.straggler import wait_after
+    from ringtrain.workloads.tfenv import step_function
     k = len(devices)
 
-    @tf.function
+    @step_function
     def train_step(batches, extra):
         grads, loss_sums, counts, waits = [], [], [], []
         for i, (device, (images, labels, weights, global_count)) in enumerate(zip(devices, batches)):

@@ -171,9 +171,10 @@ def make_worker_step(tf, strategy, state, num_workers):
     from ringtrain.workloads import models
     from ringtrain.workloads.gradients import apply_if_finite
     from ringtrain.workloads.straggler import wait_after
+    from ringtrain.workloads.tfenv import step_function
     model, optimizer, global_step = state.model, state.optimizer, state.global_step
 
-    @tf.function
+    @step_function
     def worker_step(iterator):
         def step(batch, extra, worker):
             images, labels, weights, global_count = batch

@@ -126,6 +126,7 @@ def train(config, collective, cluster, dataset):
 def make_train_step(tf, strategy, model, optimizer):
     from ringtrain.workloads import models
     from ringtrain.workloads.gradients import apply_if_finite
+    from ringtrain.workloads.tfenv import step_function
 
     def replica_step(images, labels, weights, global_count):
         with tf.GradientTape() as tape:
@@ -140,7 +141,7 @@ def make_train_step(tf, strategy, model, optimizer):
         applied = apply_if_finite(optimizer, grads, model.trainable_variables, agree=True)
         return loss_sum, tf.reduce_sum(weights), applied
 
-    @tf.function
+    @step_function
     def train_step(images, labels, weights, global_count):
         results = strategy.run(replica_step, args=(images, labels, weights, global_count))
         return [strategy.experimental_local_results(r)[0] for r in results]

@@ -93,11 +93,12 @@ def make_train_step(hvd, horovod, model, optimizer):
     import tensorflow as tf
     from ringtrain.workloads import models
     from ringtrain.workloads.gradients import apply_if_finite
+    from ringtrain.workloads.tfenv import step_function
     # Horovod: fp16 compression and Adasum are options; Average is the default.
     compression = hvd.Compression.fp16 if horovod.fp16_allreduce else hvd.Compression.none
     reduce_op = hvd.Adasum if horovod.adasum else hvd.Average
 
-    @tf.function
+    @step_function
     def train_step(images, labels, weights, global_count):
         with tf.GradientTape() as tape:
             loss_sum = models.weighted_loss_sum(model, images, labels, weights)

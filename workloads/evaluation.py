@@ -43,9 +43,9 @@ def metrics_of(model):
     """An eager model's metrics on a test batch, (correct, loss sum), traced
     once and reused for the last, shorter batch; None for a model on the
     simulated accelerator, which learns nothing worth evaluating."""
-    import tensorflow as tf
     from ringtrain.workloads import models
+    from ringtrain.workloads.tfenv import step_function
     if models.is_simulated(model):
         return None
-    return tf.function(lambda images, labels: models.correct_and_loss_sum(model(images, training=False), labels),
-                       reduce_retracing=True)
+    return step_function(lambda images, labels: models.correct_and_loss_sum(model(images, training=False), labels),
+                         reduce_retracing=True)

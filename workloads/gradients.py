@@ -37,9 +37,11 @@ def apply_if_finite(optimizer, grads, variables, agree=False):
     # which a branch of a cond in replica context may not make: the cond runs in
     # cross-replica context, as Keras's own LossScaleOptimizer does it.
     def cross_replica(distribution, finite, grads):
+        def apply_on_every_replica():
+            distribution.extended.call_for_each_replica(apply, args=(grads,))
+            return tf.constant(True)
         finite = distribution.experimental_local_results(finite)[0]
-        return tf.cond(finite, lambda: distribution.extended.call_for_each_replica(apply, args=(grads,)) or
-                       tf.constant(True), skip)
+        return tf.cond(finite, apply_on_every_replica, skip)
 
     return context.merge_call(cross_replica, args=(finite, grads))
 
