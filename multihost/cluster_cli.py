@@ -17,6 +17,9 @@ EXAMPLES = """examples (as root):
   ringtrain-cluster exec h1 -- ps-baseline launch --hostfile "$(ringtrain-cluster hostfile)" --num-ps 1 --num-workers 3 --sync
   ringtrain-cluster down
 
+  ringtrain-cluster up --hosts 3 --slurm         # and a SLURM: slurmctld on h1, slurmd on each host
+  ringtrain-cluster exec h1 -- sbatch --nodes=3 mpi_hostfiles/slurm/ring.sbatch --steps 30
+
 Each host hK has its own network namespace and hostname, an interface eth0
 with an address in 198.18.0.0/15 (RFC 2544: never a real network) on a link
 shaped both ways with tc (tbf; netem for --delay/--loss), and an sshd on port 22 of that address that
@@ -40,6 +43,9 @@ def parser():
                    help="one-way delay per link, e.g. 0.2ms (default %(default)s; needs the kernel's netem)")
     u.add_argument("--loss", type=float, default=0.0, metavar="PCT",
                    help="packet loss, %% (default 0; needs the kernel's netem)")
+    u.add_argument("--slurm", action="store_true",
+                   help="also run SLURM on the hosts: munged and slurmd on each, slurmctld on h1 (Debian's "
+                        "packages, which `make install` installs); then ringtrain-cluster exec h1 -- sbatch ...")
     sub.add_parser("down", help="remove every namespace, interface, process, file and route of the cluster")
     sub.add_parser("status", help="the hosts, their addresses and sshd; exit 1 if the cluster is not up")
     sub.add_parser("hostfile", help="print the path of an OpenMPI hostfile of the hosts (hK slots=1)")
@@ -52,7 +58,8 @@ def parser():
 def _main(argv):
     args = parser().parse_args(argv)
     if args.command == "up":
-        simcluster.up(args.name, args.hosts, simcluster.Link(args.link_rate, args.delay, args.loss))
+        simcluster.up(args.name, args.hosts, simcluster.Link(args.link_rate, args.delay, args.loss),
+                      slurm=args.slurm)
     elif args.command == "down":
         simcluster.down(args.name)
     elif args.command == "status":

@@ -27,6 +27,7 @@ import time
 import zlib
 from dataclasses import asdict, dataclass, field
 
+from ringtrain.multihost import slurm as slurm_
 from ringtrain.workloads.errors import UsageError
 
 STATE_ROOT = "/run/ringtrain-cluster"
@@ -97,6 +98,7 @@ class Cluster:
     subnet: str                 # 198.18.S.0/24
     link: Link
     hosts: list = field(default_factory=list)
+    slurm: bool = False         # a SLURM runs on the hosts (multihost/slurm.py)
 
     @property
     def state_dir(self):
@@ -120,7 +122,7 @@ class Cluster:
     def save(self):
         with open(os.path.join(self.state_dir, "state.json"), "w") as f:
             json.dump({"name": self.name, "subnet": self.subnet, "link": asdict(self.link),
-                       "hosts": [asdict(h) for h in self.hosts]}, f, indent=1)
+                       "hosts": [asdict(h) for h in self.hosts], "slurm": self.slurm}, f, indent=1)
 
 
 # --- checks -----------------------------------------------------------------
@@ -187,12 +189,15 @@ def sh(*argv, check=True):
     return done
 
 
-def up(name, hosts, link, log=print):
+def up(name, hosts, link, log=print, slurm=False):
+    """Build the cluster (and, with slurm, start SLURM on it: multihost/slurm.py)."""
     check_name(name)
     check_link(link)
     if not 1 <= hosts <= 32:
         raise UsageError(f"--hosts {hosts}: give 1..32")
     check_can_build()
+    if slurm:
+        slurm_.check_installed()
     if link.needs_netem and not netem_available():
         raise UsageError("this kernel has no netem qdisc (sch_netem), so links can be rate-limited "
                          "(tbf) but not delayed or made lossy: use --delay 0ms --loss 0")
@@ -202,25 +207,29 @@ def up(name, hosts, link, log=print):
         if other.subnet == f"{prefix}.0/24":
             raise UsageError(f"cluster {other.name} already uses {other.subnet}: pick another --name")
     cluster = Cluster(name, f"{prefix}.0/24", link,
-                      [HostState(f"h{i}", f"{name}-h{i}", f"{prefix}.{i}") for i in range(1, hosts + 1)])
+                      [HostState(f"h{i}", f"{name}-h{i}", f"{prefix}.{i}") for i in range(1, hosts + 1)], slurm)
     os.makedirs(cluster.state_dir, mode=0o700)
     # First: nothing sent to this range from the root namespace may take the default route.
     sh("ip", "route", "add", "unreachable", cluster.subnet)
     try:
         _build_network(cluster)
         _write_ssh_files(cluster)
+        if slurm:
+            slurm_.prepare(cluster)  # (its /etc folders must exist before the sshds bind them)
         for host in cluster.hosts:
             host.sshd_pid = _start_sshd(cluster, host)
             cluster.save()
         _wait_for_ssh(cluster)
+        with open(cluster.hostfile, "w") as f:
+            f.write("".join(f"{h.name} slots=1\n" for h in cluster.hosts))
+        cluster.save()
+        log(f"ringtrain-cluster: {name} is up: {hosts} host(s) h1..h{hosts} on {cluster.subnet}, "
+            f"{IFACE} links {link.rate}, delay {link.delay}, loss {link.loss:g}%; hostfile {cluster.hostfile}")
+        if slurm:
+            slurm_.start(cluster, log)
     except BaseException:
         down(name, quiet=True)
         raise
-    with open(cluster.hostfile, "w") as f:
-        f.write("".join(f"{h.name} slots=1\n" for h in cluster.hosts))
-    cluster.save()
-    log(f"ringtrain-cluster: {name} is up: {hosts} host(s) h1..h{hosts} on {cluster.subnet}, "
-        f"{IFACE} links {link.rate}, delay {link.delay}, loss {link.loss:g}%; hostfile {cluster.hostfile}")
     return cluster
 
 
@@ -418,7 +427,8 @@ def load(name):
                          + ("" if name == "ringtrain" else f" --name {name}"))
     with open(path) as f:
         raw = json.load(f)
-    return Cluster(raw["name"], raw["subnet"], Link(**raw["link"]), [HostState(**h) for h in raw["hosts"]])
+    return Cluster(raw["name"], raw["subnet"], Link(**raw["link"]), [HostState(**h) for h in raw["hosts"]],
+                   raw.get("slurm", False))
 
 
 def load_all():
@@ -436,6 +446,8 @@ def status_lines(cluster):
         alive = _is_our_sshd(cluster, h)
         lines.append(f"  {h.name}  {h.address:<15} netns {h.netns:<14} sshd "
                      f"{'pid ' + str(h.sshd_pid) if alive else 'DOWN'}  processes {len(processes_in(h.netns))}")
+    if cluster.slurm:
+        lines += slurm_.status_lines(cluster)
     return lines
 
 

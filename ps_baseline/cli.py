@@ -100,8 +100,8 @@ def main(argv=None):
         return run_cli(f"{PROG} launch", launcher.main, argv[1:])
     if argv and argv[0] == "towers":
         from ringtrain.ps_baseline import towers
-        return run_cli(f"{PROG} towers", towers.main, argv[1:])
-    return run_cli(PROG, run_task, argv)
+        return run_cli(f"{PROG} towers", towers.main, argv[1:], exit_at_once=True)
+    return run_cli(PROG, run_task, argv, exit_at_once=True)
 
 
 if __name__ == "__main__":

@@ -211,7 +211,9 @@ def train(config, ps, cluster, task, dataset):
         hooks.append(g.optimizer.make_session_run_hook(is_chief, num_tokens=0))
     with tf.compat.v1.train.MonitoredSession(
             session_creator=store.session_creator(is_chief, server.target, sessions.config, ps.startup_timeout),
-            hooks=hooks, stop_grace_period_secs=3) as session:
+            # (the sync chief's queue runner waits in its take of gradients until the session
+            # closes: a grace period for it to stop first is spent waiting for nothing)
+            hooks=hooks, stop_grace_period_secs=0.2) as session:
         sessions.monitored = session
         store.run_in_session = sessions.in_session
         if is_chief:

@@ -4,7 +4,7 @@ import sys
 from dataclasses import dataclass
 
 from ringtrain.workloads import config, flags
-from ringtrain.workloads.errors import TrainingStopped, UsageError, launched_rank, run_cli
+from ringtrain.workloads.errors import TrainingStopped, UsageError, exit_now, launched_rank, run_cli
 from ringtrain.workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
 
 BACKENDS = ("horovod", "tf-collective")
@@ -159,7 +159,7 @@ def _main(argv):
     import_tensorflow_quietly()
     from ringtrain.train import train
     try:
-        return train(config.from_args(args), horovod_config(args), dataset)
+        code = train(config.from_args(args), horovod_config(args), dataset)
     except Exception as e:
         if "Horovod has been shut down" not in str(e):
             raise
@@ -168,6 +168,10 @@ def _main(argv):
         raise TrainingStopped(f"{'rank ' + str(rank) + ': ' if rank is not None else ''}a collective failed: "
                               "another rank, or its host, is gone (Horovod has been shut down); the job ends: "
                               "resume with --resume from the last checkpoint, or run with --elastic") from None
+    # Horovod's own end (MPI_Finalize) first, then no teardown of TF's modules (exit_now).
+    import horovod.tensorflow as hvd
+    hvd.shutdown()
+    return exit_now(code)
 
 
 def main(argv=None):

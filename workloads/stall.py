@@ -64,6 +64,8 @@ class StallWatchdog:
         self.chief = [0, now]  # other processes: the chief's step, and when it last answered
         self.pids = {}         # chief: each process's PID, from its heartbeats
         self.warned, self.lock, self.done = set(), threading.Lock(), threading.Event()
+        # (other processes: beat now, not at the next beat; the chief has heard "finished")
+        self.beat_now, self.finish_heard = threading.Event(), threading.Event()
         self.judged = 0.0  # when progress was last judged (once a beat)
         self.first_step_at = None  # nobody is stuck from before this process took its first step
         self.woke = None   # when this process woke from a freeze of its own (a long gap between rounds)
@@ -108,7 +110,9 @@ class StallWatchdog:
         tells the chief; the chief goes on watching the others until close()."""
         self.step = FINISHED
         if self.rank != 0:
-            time.sleep(BEAT * 1.5 if self.address else 0)
+            if self.address:
+                self.beat_now.set()
+                self.finish_heard.wait(BEAT * 1.5)
             self.done.set()
 
     def explain(self, error):
@@ -171,7 +175,8 @@ class StallWatchdog:
                 with socket.create_connection((host, port), timeout=BEAT * SILENT_BEATS) as conn, \
                         conn.makefile("rw") as stream:
                     while not self.done.is_set():
-                        stream.write(f"{token} {self.rank} {self.step} {os.getpid()}\n")
+                        step = self.step
+                        stream.write(f"{token} {self.rank} {step} {os.getpid()}\n")
                         stream.flush()
                         answer = stream.readline().split()
                         if len(answer) != 2 or not answer[0].lstrip("-").isdigit() or not answer[1].isdigit():
@@ -179,7 +184,10 @@ class StallWatchdog:
                         with self.lock:
                             self.chief = [int(answer[0]), time.monotonic()]
                             self.pids[0] = int(answer[1])
-                        time.sleep(BEAT)
+                        if step == FINISHED:
+                            self.finish_heard.set()
+                        self.beat_now.wait(BEAT)
+                        self.beat_now.clear()
             except OSError:
                 pass
             time.sleep(BEAT)
