@@ -23,5 +23,9 @@ def addresses():
     comm = MPI.COMM_WORLD
     port = free_ports(1, host="")[0]
     ranks = comm.allgather((socket.gethostname(), port))
+    rank = comm.Get_rank()
+    # MPI's part ends here: finalized now, a rank that ends first exits at once instead
+    # of waiting in MPI_Finalize for the last (mpirun still ends the job if one fails).
+    MPI.Finalize()
     one_host = len({host for host, _ in ranks}) == 1
-    return comm.Get_rank(), [f"{'localhost' if one_host else host}:{port}" for host, port in ranks]
+    return rank, [f"{'localhost' if one_host else host}:{port}" for host, port in ranks]

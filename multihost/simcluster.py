@@ -31,6 +31,7 @@ from ringtrain.multihost import slurm as slurm_
 from ringtrain.workloads.errors import UsageError
 
 STATE_ROOT = "/run/ringtrain-cluster"
+FAILED_UP_LOGS = "/var/log/ringtrain-cluster"  # the logs of an `up` that failed, which `down` does not remove
 PRIVSEP_DIR = "/run/sshd"
 NETNS_ETC = "/etc/netns"
 SUPERNET = (198, 18)          # 198.18.0.0/15 (RFC 2544); each cluster takes a /24 of it
@@ -227,10 +228,27 @@ def up(name, hosts, link, log=print, slurm=False):
             f"{IFACE} links {link.rate}, delay {link.delay}, loss {link.loss:g}%; hostfile {cluster.hostfile}")
         if slurm:
             slurm_.start(cluster, log)
-    except BaseException:
+    except BaseException as e:
+        kept = _keep_logs(cluster)  # (down removes the state folder they are in)
         down(name, quiet=True)
+        if isinstance(e, UsageError) and kept:
+            raise UsageError(f"{e} [the cluster's logs are kept in {kept}]") from None
         raise
     return cluster
+
+
+def _keep_logs(cluster):
+    """Copy the logs of a cluster whose `up` failed (sshd's, SLURM's) to
+    FAILED_UP_LOGS/NAME, replacing an older copy; returns that folder, or None."""
+    kept = os.path.join(FAILED_UP_LOGS, cluster.name)
+    shutil.rmtree(kept, ignore_errors=True)
+    for folder, _, files in os.walk(cluster.state_dir):
+        for name in files:
+            if name.endswith((".log", ".out")):
+                target = os.path.join(kept, os.path.relpath(folder, cluster.state_dir))
+                os.makedirs(target, exist_ok=True)
+                shutil.copy(os.path.join(folder, name), target)
+    return kept if os.path.isdir(kept) else None
 
 
 def _build_network(cluster):

@@ -31,6 +31,11 @@ CLIENTS = ("srun", "sbatch", "scancel", "sinfo", "squeue", "scontrol")
 PACKAGES = "munge slurmctld slurmd slurm-client"
 MUNGE_SOCKET = "/etc/munge/munge.socket.2"  # each host's own munged (its /etc is its own)
 CPUS_PER_NODE = 2
+# slurmd loads a cgroup plugin whatever the proctrack and task plugins; left to autodetect,
+# it looks for a cgroup file system on /sys/fs/cgroup, which a host's own /sys (ip netns
+# exec mounts a fresh sysfs) does not have, and slurmd stops. Named, cgroup/v1 loads
+# without touching the file system, and nothing here asks it for a cgroup.
+CGROUP_CONF = "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n"
 START_TIMEOUT_SEC = 60
 # A node that stops answering is marked DOWN, and its jobs end, after this long.
 SLURMD_TIMEOUT_SEC = 10
@@ -71,6 +76,14 @@ def prepare(cluster):
         os.chmod(munge_etc, 0o755)  # munged wants its socket's folder searchable by all, writable by root only
         with open(os.path.join(slurm_etc, "slurm.conf"), "w") as f:
             f.write(conf)
+        with open(os.path.join(slurm_etc, "cgroup.conf"), "w") as f:
+            f.write(CGROUP_CONF)
+        # PMIx's per-step client folder, by default in /tmp, which every simulated node
+        # shares: two nodes of one step would make the same folder (and the second fails).
+        pmix = os.path.join(state_dir(cluster), host.name, "pmix")
+        os.makedirs(pmix, exist_ok=True)
+        with open(os.path.join(slurm_etc, "mpi.conf"), "w") as f:
+            f.write(f"PMIxCliTmpDirBase={pmix}\n")
         path = os.path.join(munge_etc, "munge.key")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
         with os.fdopen(fd, "wb") as f:

@@ -6,11 +6,13 @@ import os
 import sys
 
 from ringtrain.ps_baseline.cluster import check_port_free, check_task, make_cluster
+from ringtrain.multihost.slurm_step import DEFAULT_PORT_BASE
 from ringtrain.ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode, ps_config
+from ringtrain.ps_baseline.scheduled import place, started_by_a_launcher
 from ringtrain.workloads import config as run_config
 from ringtrain.workloads.errors import UsageError, run_cli
 from ringtrain.workloads.outputs import check_outputs
-from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data
+from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
 
 SEED_HOSTS = "--ps_hosts=localhost:2222,localhost:2223 --worker_hosts=localhost:2224,localhost:2225"
 
@@ -22,6 +24,9 @@ examples (the classic tutorials' four terminals; add --is_sync=True or --sync fo
   {PROG} {SEED_HOSTS} --job_name=worker --task_index=1
 
 Across hosts, each task runs on the host its address names (e.g. --ps_hosts=h2:2222).
+Or let mpirun or SLURM start every task, each taking its task from its rank:
+  mpirun -np 4 --hostfile hosts {PROG} --num-ps 1 --sync    # 1 PS task, 3 workers
+  srun -n 4 {PROG} --num-ps 1 --sync                        # the same, in a SLURM job
 The whole cluster in one command: {PROG} launch --help
 One process, one tower per device: {PROG} towers --help
 """
@@ -34,12 +39,20 @@ def task_parser():
         "between-graph replication.",
         epilog=TASK_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = parser.add_argument_group("cluster (the classic tutorials' flags)")
-    g.add_argument("--ps_hosts", required=True, metavar="H:P,...", help="comma-separated PS host:port list")
-    g.add_argument("--worker_hosts", required=True, metavar="H:P,...",
+    g.add_argument("--ps_hosts", metavar="H:P,...", help="comma-separated PS host:port list")
+    g.add_argument("--worker_hosts", metavar="H:P,...",
                    help="comma-separated worker host:port list; worker 0 is the chief")
-    g.add_argument("--job_name", required=True, metavar="JOB", help="ps or worker (chief: --api tf2's coordinator)")
+    g.add_argument("--job_name", metavar="JOB", help="ps or worker (chief: --api tf2's coordinator)")
     g.add_argument("--task_index", type=int, default=0, metavar="I", help="index within the job (default 0)")
     g.add_argument("--chief_host", metavar="H:P", help="--api tf2 only: the coordinator's host:port")
+    m = parser.add_argument_group("started by mpirun or srun (no cluster flags: the rank picks the task)")
+    m.add_argument("--num-ps", type=positive_int, default=1, metavar="P",
+                   help="ranks 0..P-1 are PS tasks, the rest workers (with --api tf2, rank 0 is the "
+                        "coordinator and the PS tasks follow it), as TF's SlurmClusterResolver orders them "
+                        "(default %(default)s)")
+    m.add_argument("--port-base", type=positive_int, default=DEFAULT_PORT_BASE, metavar="PORT",
+                   help="under srun without MPI: each task serves on PORT plus its place on its node "
+                        "(default %(default)s; under MPI, free ports are chosen and shared)")
     add_mode_flags(parser)
     add_training_flags(parser)
     return parser
@@ -47,6 +60,13 @@ def task_parser():
 
 def run_task(argv):
     args = task_parser().parse_args(argv)
+    given = [flag for flag in ("ps_hosts", "worker_hosts", "job_name") if getattr(args, flag)]
+    if not given and started_by_a_launcher():
+        place(args)  # mpirun's or srun's rank decides the task
+    elif len(given) < 3:
+        missing = ", ".join(f"--{flag}" for flag in ("ps_hosts", "worker_hosts", "job_name") if flag not in given)
+        raise UsageError(f"{missing} missing: a task needs --ps_hosts, --worker_hosts and --job_name (or start "
+                         f"every task with mpirun -np P+W or srun, which pick them; or use {PROG} launch)")
     cluster = make_cluster(args.ps_hosts, args.worker_hosts, args.chief_host)
     check_mode(args, len(cluster.worker))
     check_outputs(args)
@@ -85,7 +105,8 @@ def run_task(argv):
         # client serve their tower and stop with the client.
         server = servers.start_server(tf, cluster, args.job_name, args.task_index, args.threads)
         client = ("the in-graph client (worker 0)", cluster.worker[0]) if in_graph else None
-        return servers.serve(tf, server, args.job_name, args.task_index, args.threads, log, watch=client)
+        return servers.serve(tf, server, args.job_name, args.task_index, args.threads, log, watch=client,
+                             told_by=cluster.worker[0])
     if in_graph:
         from ringtrain.ps_baseline import worker_ingraph
         return worker_ingraph.train(config, ps, cluster, dataset)

@@ -150,7 +150,6 @@ def exposure(net, across_hosts):
 
 
 def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, net):
-    tf2 = args.api == "tf2"
     words = task_words(argv)
     output = TaskOutput(across_hosts=args.hostfile is not None, chief=chief.name, console=console)
     running = {}
@@ -170,7 +169,7 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
         for task in tasks:
             start(task)
         failed = watch(running, chief.name, WorkerLosses(args, tasks, chief, start, console))
-        if failed is None and not tf2:  # (TF2's servers join forever: nothing to wait for)
+        if failed is None:
             # The chief is done: the others finish their reports, the PS tasks shut down.
             # (A worker the chief summarised without is dead or frozen: not worth waiting for.)
             reported = (output.summary or {}).get("reporting_workers")

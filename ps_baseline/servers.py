@@ -21,6 +21,10 @@ def start_server(tf, cluster, job_name, task_index, threads, inter_op_threads=No
                          f"at {address}: {first_line(e)}") from None
 
 
+SHUTDOWN_TIMEOUT_MS = 30_000
+LEAVE_AFTER_SEC = 15
+
+
 def shutdown_queue(tf, job, task_index):
     """A queue living on task `job`/`task_index`: the chief (or in-graph client)
     enqueues into it when training is over, which lets that task exit instead
@@ -30,11 +34,31 @@ def shutdown_queue(tf, job, task_index):
         return tf.compat.v1.FIFOQueue(1, tf.int32, shared_name=name, name=name)
 
 
-def serve(tf, server, job, task_index, threads, log, watch=None):
+def shutdown_ops(tf, tasks):
+    """The ops that tell the serving tasks [(job, index)] that training is
+    over: one message into each one's shutdown queue."""
+    return [shutdown_queue(tf, job, i).enqueue(1) for job, i in tasks]
+
+
+def shut_down(tf, target, tasks):
+    """Run shutdown_ops through the server at `target` ("grpc://host:port"),
+    for a program without a graph of its own (the TF2 coordinator's is eager)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        enqueues = shutdown_ops(tf, tasks)
+    with tf.compat.v1.Session(target, graph=graph) as session:
+        # (a deadline: a task that ends as it takes its message may never confirm it)
+        session.run(enqueues, options=tf.compat.v1.RunOptions(timeout_in_ms=SHUTDOWN_TIMEOUT_MS))
+
+
+def serve(tf, server, job, task_index, threads, log, watch=None, told_by=None):
     """Serve (variables on a PS task, a tower on an in-graph worker) until the
     chief says training is over, or forever, as server.join() in the classic
     tutorials, if it never does. `watch`: (who, address) of a client whose
-    death ends this task with one line."""
+    death ends this task with one line. `told_by`: the address of the task
+    that says training is over; this one stays until that one has gone (at
+    most LEAVE_AFTER_SEC), whose own end (closing its session, TF's clean-up
+    of its remote functions) still talks to this task."""
     from ringtrain.workloads.loop import Alone
     from ringtrain.workloads.stall import StallWatchdog
     graph = tf.Graph()
@@ -52,6 +76,8 @@ def serve(tf, server, job, task_index, threads, log, watch=None):
         waiter.join(0.5)
     watchdog.close()
     log(f"{job} task {task_index}: training is over, shutting down")
+    if told_by:
+        wait_for(lambda: not is_listening(told_by), LEAVE_AFTER_SEC, poll=0.1)
     return 0
 
 

@@ -96,7 +96,7 @@ def build_graph(tf, config, ps, cluster_spec, image_shape):
         test_metrics = models.correct_and_loss_sum(model(towers[0].feeds.images, training=False),
                                                    towers[0].feeds.labels)
     serving = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers) if i != CLIENT]
-    shutdown = [servers.shutdown_queue(tf, job, i).enqueue(1) for job, i in serving]
+    shutdown = servers.shutdown_ops(tf, serving)
     per_ps = placement.describe(tf.compat.v1.trainable_variables())[1]
     return InGraph(towers, train_op, finite, applied_step, global_step, test_metrics, model_variables,
                    models.is_simulated(model), [per_ps.get(f"/job:ps/task:{i}", 0) for i in range(num_ps)],

@@ -8,8 +8,6 @@ shared one (workloads/loop.py); a scheduled step's result is read a few
 steps later, so the workers are never left waiting for the coordinator.
 Lines that distribution adds are marked `# PS:`.
 """
-import threading
-
 import numpy as np
 
 from ringtrain.ps_baseline import reports, servers
@@ -27,17 +25,15 @@ def inter_op_threads(threads):
 
 
 def serve(tf, cluster, job_name, task_index, threads, log):
-    """PS and worker tasks: a server that joins (the launcher stops it)."""
+    """PS and worker tasks: a server, until the coordinator says training is
+    over (or is gone)."""
     from ringtrain.workloads.devices import local_index, pin_gpu
     # PS: a worker computes on the GPU of its place among its host's workers; a PS task on none.
     pin_gpu(local_index(cluster.worker, task_index) if job_name == "worker" else None)
     server = servers.start_server(tf, cluster, job_name, task_index, threads, inter_op_threads(threads))
-    log(f"{job_name} task {task_index} serving at {server.target} for the TF2 coordinator")
-    joiner = threading.Thread(target=server.join, daemon=True)  # Ctrl-C still reaches Python
-    joiner.start()
-    while joiner.is_alive():
-        joiner.join(0.5)
-    return 0
+    coordinator = cluster.chief[0]
+    return servers.serve(tf, server, job_name, task_index, threads, log, watch=("the TF2 coordinator", coordinator),
+                         told_by=coordinator)
 
 
 def train(config, ps, cluster, dataset):
@@ -107,6 +103,11 @@ def train(config, ps, cluster, dataset):
             lag=LAG_PER_WORKER * num_workers, describe=f"{num_workers} worker(s), {num_ps} ps",
             metrics=metrics_of(state.model), epochs=lambda steps: steps / (num_workers * per_epoch),
             read_weights=lambda: models.named_weights(state.model), fields=fields)
+    # PS: training is over; the PS and worker tasks may exit instead of serving forever.
+    # (through the coordinator's own server, which the strategy started: a PS task as the
+    # master would end in the middle of its own step, and that step would never return)
+    servers.shut_down(tf, f"grpc://{cluster.chief[0]}", [(job, i) for job in ("ps", "worker")
+                                                        for i in range(len(getattr(cluster, job)))])
     return 0
 
 

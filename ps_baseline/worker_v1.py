@@ -143,7 +143,7 @@ def build_graph(tf, config, ps, cluster_spec, task, num_workers, image_shape):
         report_ops = Messages(report_vars[task].assign(text), text, tf.group(*[v.initializer for v in report_vars]),
                               [v.read_value() for v in report_vars])
         announce_ops = Messages(announce.assign(text), text, announce.initializer, announce.read_value())
-        shutdown_ps = [servers.shutdown_queue(tf, "ps", i).enqueue(1) for i in range(num_ps)]
+        shutdown_ps = servers.shutdown_ops(tf, [("ps", i) for i in range(num_ps)])
     per_ps = placement.describe(tf.compat.v1.trainable_variables())[1]
     return ReplicaGraph(feeds, train_op, loss_sum, tf.reduce_sum(feeds.weights), finite, read_step, applied_step,
                         count_my_step, global_step, worker_steps, skipped, optimizer, pending, test_metrics,

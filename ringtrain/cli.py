@@ -3,6 +3,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from ringtrain.multihost.slurm_step import DEFAULT_PORT_BASE
 from ringtrain.workloads import config, flags
 from ringtrain.workloads.errors import TrainingStopped, UsageError, exit_now, launched_rank, run_cli
 from ringtrain.workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
@@ -43,6 +44,9 @@ def parser():
     t.add_argument("--communication", type=str.upper, choices=COMMUNICATIONS, metavar="IMPL",
                    help="RING (TF's ring: scatter-reduce then allgather; the default), AUTO (TF picks: NCCL on "
                         "GPUs) or NCCL")
+    t.add_argument("--port-base", type=flags.positive_int, metavar="PORT",
+                   help=f"under srun without MPI: each worker serves on PORT plus its place on its node (default "
+                        f"{DEFAULT_PORT_BASE}); under mpirun free ports are chosen and shared; TF_CONFIG names its own")
     r = p.add_argument_group("Horovod (--backend horovod, the default)")
     r.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16")
     r.add_argument("--adasum", action="store_true", help="combine gradients with Adasum")
@@ -127,8 +131,9 @@ def check_backend(args):
         for dest, what in HOROVOD_ONLY.items():
             if getattr(args, dest) not in (None, False):
                 raise UsageError(f"--{dest.replace('_', '-')} is {what}: drop it with --backend tf-collective")
-    elif args.communication:
-        raise UsageError("--communication picks TF's collective implementation: it needs --backend tf-collective")
+    elif args.communication or args.port_base:
+        raise UsageError(f"--{'communication' if args.communication else 'port-base'} is for TF's collective mode: "
+                         "it needs --backend tf-collective")
 
 
 def validate(args):
@@ -153,7 +158,7 @@ def _main(argv):
     if args.backend == "tf-collective":
         from ringtrain import collective
         # (TF_CONFIG, or mpirun's ranks, before TF loads: a bad one is one line)
-        cluster = collective.cluster()
+        cluster = collective.cluster(args.port_base or DEFAULT_PORT_BASE)
         import_tensorflow_quietly()
         return collective.train(config.from_args(args), collective_config(args), cluster, dataset)
     import_tensorflow_quietly()

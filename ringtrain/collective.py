@@ -16,7 +16,7 @@ import socket
 
 import numpy as np
 
-from ringtrain.multihost import mpi_cluster
+from ringtrain.multihost import launched
 from ringtrain.workloads import loop
 from ringtrain.workloads.checkpoints import ObjectStore, Progress
 from ringtrain.workloads.errors import UsageError
@@ -25,16 +25,16 @@ from ringtrain.workloads.sharding import steps_per_epoch
 from ringtrain.workloads.straggler import check as check_straggler
 
 
-def cluster():
+def cluster(port_base):
     """(this worker's index, every worker's host:port) from TF_CONFIG, which a
-    user sets as TF's documentation does; under mpirun, made from the ranks
-    (ports chosen on each host, shared through MPI) and exported; without
-    either, one worker alone: (0, []). Checked before TensorFlow loads."""
+    user sets as TF's documentation does; under mpirun or srun, made from the
+    ranks (multihost.launched) and exported; without any, one worker alone:
+    (0, []). Checked before TensorFlow loads."""
     text = os.environ.get("TF_CONFIG")
     if not text:
-        if not mpi_cluster.under_mpi():
+        if not launched.launcher():
             return 0, []
-        rank, workers = mpi_cluster.addresses()
+        rank, workers = launched.addresses(port_base)
         os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
                                               "task": {"type": "worker", "index": rank}})
         return rank, workers
