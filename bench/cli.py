@@ -23,7 +23,8 @@ EXAMPLES = """examples:
   ringtrain-bench straggler --np 2 --factors 1,1.5,3 --out bench/results      # one slow worker
   ringtrain-bench convergence --np 2 --target 0.97 --repeats 3 --out bench/results   # time to accuracy
 
-  across hosts (--hostfile: yours; --cluster H: a simulated cluster of H hosts the bench builds as root):
+  across hosts (--hostfile: yours; --cluster H: a simulated cluster of H hosts the bench builds as root;
+  inside a SLURM allocation, with neither: its nodes, as mpi_hostfiles/slurm/bench.sbatch runs it):
   ringtrain-bench scaling --hostfile hosts --np 1,2,4 --modes ring,ring-gloo,ps-sync,ps-async --num-ps 1,N --out r
   ringtrain-bench scaling --cluster 4 --link-rate 1gbit,10gbit --time-dilation 1,10 --model resnet50 --np 1,2,4 --out r
   ringtrain-bench allreduce --cluster 4 --link-rate 1gbit --np 2,4 --mpi-algorithms ring,rabenseifner,recursive_doubling --out r
@@ -94,7 +95,7 @@ def float_list(text):
 
 
 def add_site_flags(p):
-    g = p.add_argument_group("where (default: this machine)")
+    g = p.add_argument_group("where (default: this machine, or inside a SLURM allocation its nodes)")
     where = g.add_mutually_exclusive_group()
     where.add_argument("--hostfile", metavar="FILE",
                        help="run across the hosts of this OpenMPI hostfile (N fills their slots in order); "
@@ -314,9 +315,13 @@ def horovod_env(args):
 
 def check_site(args):
     """One line for a bad combination, before anything starts."""
+    from ringtrain.multihost.hostfile import fill, read_hostfile
     if getattr(args, "hostfile", None):
-        from ringtrain.multihost.hostfile import fill, read_hostfile
         fill(read_hostfile(args.hostfile), max(args.np), f"hostfile {args.hostfile}")
+    elif on_slurm_nodes(args):
+        from ringtrain.bench.sites import from_slurm
+        site = from_slurm()
+        fill(site.hosts, max(args.np), site.label)
     if getattr(args, "cluster", None):
         if max(args.np) > args.cluster:
             raise UsageError(f"--np {max(args.np)} needs at least that many hosts: --cluster {max(args.np)}")
@@ -333,6 +338,14 @@ def links(args):
     return list(zip(args.link_rate, dilations))
 
 
+def on_slurm_nodes(args):
+    """Inside a SLURM allocation (sbatch, salloc), with no other site named, the
+    commands that run across hosts run on its nodes."""
+    from ringtrain.multihost.slurm_step import in_allocation
+    return args.command in ("scaling", "allreduce") and in_allocation() and \
+        not getattr(args, "hostfile", None) and not getattr(args, "cluster", None)
+
+
 @contextlib.contextmanager
 def single_site(args, log):
     """This machine, a hostfile's hosts, or one simulated cluster at the first link rate."""
@@ -343,6 +356,10 @@ def single_site(args, log):
             yield site
     elif getattr(args, "hostfile", None):
         yield sites.from_hostfile(args.hostfile)
+    elif on_slurm_nodes(args):
+        site = sites.from_slurm()
+        log(f"ringtrain-bench: on the nodes of {site.label}, one slot per SLURM task (--hostfile overrides)")
+        yield site
     else:
         yield sites.this_machine()
 

@@ -1,5 +1,5 @@
 """Where the bench runs its launches: this machine, the hosts of a hostfile,
-or a simulated cluster (multihost.simcluster) that it brings up and tears
+the nodes of the SLURM allocation it runs in, or a simulated cluster (multihost.simcluster) that it brings up and tears
 down itself, with links of a given rate.
 
 Launchers start on the first host (on a simulated cluster: inside h1), and
@@ -13,7 +13,7 @@ import contextlib
 import os
 from dataclasses import dataclass, field
 
-from ringtrain.multihost import hostfile, simcluster
+from ringtrain.multihost import hostfile, simcluster, slurm_step
 
 BENCH_CLUSTER = "rtbench"
 
@@ -64,6 +64,14 @@ def this_machine():
 
 def from_hostfile(path):
     return Site(f"hostfile {path}", hosts=hostfile.read_hostfile(path))
+
+
+def from_slurm():
+    """The nodes of the SLURM job this runs in, one slot per task SLURM gave each."""
+    nodes = slurm_step.allocation()
+    names = ", ".join(node for node, _ in nodes)
+    return Site(f"SLURM job {os.environ.get('SLURM_JOB_ID', '?')} ({names})",
+                hosts=[hostfile.Host(node, tasks) for node, tasks in nodes])
 
 
 @contextlib.contextmanager

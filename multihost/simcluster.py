@@ -330,21 +330,29 @@ def _start_sshd(cluster, host):
     if not os.path.isdir(PRIVSEP_DIR):  # sshd's privilege-separation directory: ours to remove
         os.makedirs(PRIVSEP_DIR)
         open(os.path.join(STATE_ROOT, ".made-privsep-dir"), "w").close()
-    with open(os.devnull, "r+b") as null:
+    sshd = shutil.which("sshd", path="/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
+    # What `ip netns exec` and sshd say before sshd's own log (-E) opens goes to start.log.
+    start_log = os.path.join(hostdir, "start.log")
+    with open(os.devnull, "rb") as null, open(start_log, "wb") as early:
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", host.netns, shutil.which("sshd", path="/usr/sbin:/sbin:" + os.environ.get(
-                "PATH", "")), "-D", "-f", os.path.join(hostdir, "sshd_config"), "-E",
+            ["ip", "netns", "exec", host.netns, sshd, "-D", "-f", os.path.join(hostdir, "sshd_config"), "-E",
              os.path.join(hostdir, "sshd.log")],
-            stdin=null, stdout=null, stderr=null, preexec_fn=_new_hostname(host.name), close_fds=True)
+            stdin=null, stdout=early, stderr=early, preexec_fn=_new_hostname(host.name), close_fds=True)
     host.sshd_pid = proc.pid
-    # Until `ip netns exec` has exec'd sshd, the child is still a copy of this process.
+    # Until `ip netns exec` has exec'd sshd, the child is a copy of this process, then `ip`.
     deadline = time.monotonic() + 30
-    while not _is_our_sshd(cluster, host):
+    while not _runs(proc.pid, sshd):
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise UsageError(f"sshd of {host.name} did not start (exit {proc.poll()}): see "
-                             f"{os.path.join(hostdir, 'sshd.log')}")
+            raise UsageError(f"sshd of {host.name} did not start (exit {proc.poll()}): see {start_log}")
         time.sleep(0.02)
     return proc.pid
+
+
+def _runs(pid, program):
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == os.path.realpath(program)
+    except OSError:
+        return False
 
 
 def _wait_for_ssh(cluster, timeout=30):

@@ -1,8 +1,9 @@
-"""The tasks of a SLURM job step started without MPI (a plain `srun`), as a
-TensorFlow cluster: every task's host:port in rank order, as SLURM's block
-distribution places ranks (the step's nodes in SLURM's order, each node's
-tasks on --port-base, --port-base + 1, ..., as TF's SlurmClusterResolver
-numbers them).
+"""Where SLURM put us. The tasks of a job step started without MPI (a plain
+`srun`), as a TensorFlow cluster: every task's host:port in rank order, as
+SLURM's block distribution places ranks (the step's nodes in SLURM's order,
+each node's tasks on --port-base, --port-base + 1, ..., as TF's
+SlurmClusterResolver numbers them). And the nodes of the allocation that a
+batch script runs in, for the bench's launches.
 
 TF's own resolver is not used: it hands out ports by pairing each task with
 a GPU of its node, so on a node without GPUs it places no task (or divides
@@ -23,13 +24,26 @@ def under_srun():
     return all(name in os.environ for name in STEP_VARIABLES)
 
 
-def tasks_per_node(text):
+def in_allocation():
+    return "SLURM_JOB_NODELIST" in os.environ and "SLURM_TASKS_PER_NODE" in os.environ
+
+
+def allocation():
+    """[(node, tasks)] of the job this runs in (sbatch, salloc), in SLURM's order."""
+    nodes = hostnames(os.environ["SLURM_JOB_NODELIST"])
+    counts = tasks_per_node(os.environ["SLURM_TASKS_PER_NODE"], "SLURM_TASKS_PER_NODE")
+    if len(nodes) != len(counts):
+        raise UsageError(f"SLURM names {len(nodes)} node(s) but {len(counts)} task count(s) for this job")
+    return list(zip(nodes, counts))
+
+
+def tasks_per_node(text, variable="SLURM_STEP_TASKS_PER_NODE"):
     """SLURM's compressed counts, '2(x3),1' -> [2, 2, 2, 1]."""
     counts = []
     for part in text.split(","):
         m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if not m:
-            raise UsageError(f"SLURM_STEP_TASKS_PER_NODE={text!r} is not SLURM's task count list")
+            raise UsageError(f"{variable}={text!r} is not SLURM's task count list")
         counts += [int(m.group(1))] * int(m.group(2) or 1)
     return counts
 

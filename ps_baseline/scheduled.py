@@ -43,10 +43,13 @@ def place(args):
     args.job_name, args.task_index = job, index
     chief = ("chief", 0) if args.api == "tf2" else ("worker", 0)
     if (job, index) == chief:
-        every = [a for hosts in cluster.values() for a in hosts]
-        print(f"{PROG}: warning: this job's TF gRPC servers ({', '.join(every)}) listen on every interface of "
-              f"their hosts and run any graph sent to them, without authentication: keep those ports closed to "
-              f"all but the cluster's hosts", flush=True)
+        # The launcher's own messages name ranks: this line makes a dead rank a task.
+        tasks = [f"{job}:{i} ({address})" for job, hosts in cluster.items() for i, address in enumerate(hosts)]
+        print(f"{PROG}: tasks by {launched.launcher()} rank: "
+              + ", ".join(f"{rank} {task}" for rank, task in enumerate(tasks)), flush=True)
+        print(f"{PROG}: warning: these TF gRPC servers listen on every interface of their hosts and run any graph "
+              "sent to them, without authentication: keep those ports closed to all but the cluster's hosts",
+              flush=True)
     os.environ[EXPOSURE_SAID_ENV] = "1"
     os.environ[NO_RESTARTS_ENV] = "1"  # (neither launcher restarts a task that dies)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything ringtrain needs into ./.venv, idempotently:
-#   OpenMPI, iproute2 and openssh (apt, only when missing), TensorFlow 2.21, mpi4py,
+#   OpenMPI, iproute2, openssh, munge and SLURM (apt, only when missing), TensorFlow 2.21, mpi4py,
 #   ringtrain itself (editable) and Horovod 0.28.1 built from the PyPI sdist
 #   with patches/horovod-0.28.1/*.patch applied.
 # A second run with nothing changed takes a few seconds: pip is skipped by a
@@ -34,13 +34,19 @@ has ip && has tc || apt_pkgs+=(iproute2)
 has sshd || apt_pkgs+=(openssh-server)
 has ssh && has ssh-keygen || apt_pkgs+=(openssh-client)
 has nsenter || apt_pkgs+=(util-linux)
+# ringtrain-cluster up --slurm: a real SLURM (22.05 on bookworm) and its munge.
+has munged || apt_pkgs+=(munge)
+has slurmctld || apt_pkgs+=(slurmctld)
+has slurmd || apt_pkgs+=(slurmd)
+has sbatch && has srun || apt_pkgs+=(slurm-client)
 # The tests render the bench's HTML report in a real browser (make test sets TEST_TOOLS=1).
 [ "${TEST_TOOLS:-0}" = 1 ] && ! has chromium && apt_pkgs+=(chromium)
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
     say "installing ${apt_pkgs[*]} with apt"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    # openssh-server is wanted for its sshd binary only: while apt runs, a policy-rc.d
-    # (Debian's switch for this) keeps it from starting a system sshd on port 22.
+    # openssh-server, munge and the slurm daemons are wanted for their binaries only:
+    # while apt runs, a policy-rc.d (Debian's switch for this) keeps them from
+    # starting system services (sshd on port 22, a munged, a slurmctld).
     policy=/usr/sbin/policy-rc.d; ours=""
     if [ ! -e "$policy" ]; then
         ours=$policy

@@ -1,7 +1,7 @@
 """Across hosts, on a simulated cluster of network-namespace hosts (h1..h3,
 each with its own hostname, address and sshd) that the test run builds and
-tears down: ring under every launcher, PS sync and async, a task killed on a
-remote host, the classic distributed-TensorFlow tutorials' per-terminal commands, and `down` itself."""
+tears down: ring under every launcher, PS sync and async (by `launch` and by
+mpirun), a task killed on a remote host, the classic distributed-TensorFlow tutorials' per-terminal commands, and `down` itself."""
 import os
 import signal
 import subprocess
@@ -11,6 +11,7 @@ import time
 import pytest
 
 from helpers import (BIN, ONE_THREAD, PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch,
+                     checkpoint_step,
                      assert_one_line_error, assert_same_weights, last_json, run, run_ok, weights)
 from ringtrain.multihost import procs, simcluster
 
@@ -105,6 +106,65 @@ def test_ctrl_c_on_the_launcher_stops_every_task_on_every_host(cluster, tmp_path
         # (once, late in a full suite run, it took over 30 s: not yet explained, see DEVELOPERS.md)
         assert tasks.wait("launch", 60) == 130
     assert_no_process_left_on_any_host(cluster)
+
+
+# --- PS jobs started by mpirun: each rank takes its task from its rank ----------------
+
+def ps_mpirun(cluster, *args, mpirun_flags=()):
+    """mpirun -np 3 over h1..h3 (one slot each): rank 0 the PS task on h1, ranks 1, 2 the workers."""
+    return on(cluster, "h1", "mpirun", *mpirun_flags, "--hostfile", cluster.hostfile, "-np", "3", "-x", "PATH", "-x",
+              "PYTHONUNBUFFERED", os.path.join(BIN, "ps-baseline"), "--num-ps", "1", *args)
+
+
+def test_ps_sync_under_mpirun_across_hosts_equals_one_process_on_the_global_batch(cluster, tmp_path):
+    steps, lr, batch = 4, 0.1, 8
+    out = run_ok(ps_mpirun(cluster, "--sync", "--optimizer", "sgd", "--lr", str(lr), "--no-dropout", "--steps",
+                           str(steps), *TINY, "--batch-size", str(batch), "--checkpoint-dir", str(tmp_path)),
+                 timeout=240)
+    assert "tasks by mpirun rank: 0 ps:0 (h1:" in out and ", 2 worker:1 (h3:" in out
+    assert last_json(out)["hosts"] == ["h2", "h3"]
+    assert_checkpoint_is_one_process_on_the_global_batch(str(tmp_path), steps, lr, batch, workers=2)
+
+
+def test_a_task_killed_under_mpirun_ends_the_job_and_its_rank_names_the_task(cluster, tmp_path):
+    with Tasks(str(tmp_path)) as tasks:
+        tasks.start("mpirun", ps_mpirun(cluster, "--steps", "100000", *TINY))
+        tasks.wait_for_text("mpirun", "worker 1: epoch 1 step 5/", timeout=120)
+        victim = pid_on(cluster, "h3", lambda argv: any(a.endswith("ps-baseline") for a in argv))
+        assert victim, "no worker task on h3"
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        assert tasks.wait("mpirun", 60) != 0
+        assert time.monotonic() - killed < 30
+        log = tasks.log("mpirun")
+        assert ", 2 worker:1 (h3:" in log  # our line: rank 2 is worker 1 ...
+        assert "process rank 2 with PID" in log and "on node h3 exited on signal 9" in log  # ... mpirun's banner
+    assert_no_process_left_on_any_host(cluster)
+
+
+def test_async_under_mpirun_with_enable_recovery_survives_a_dead_worker(cluster, tmp_path):
+    with Tasks(str(tmp_path)) as tasks:
+        tasks.start("mpirun", ps_mpirun(cluster, "--steps", "300", *TINY, mpirun_flags=["--enable-recovery"]))
+        tasks.wait_for_text("mpirun", "worker 1: epoch 1 step 5/", timeout=120)
+        os.kill(pid_on(cluster, "h3", lambda argv: any(a.endswith("ps-baseline") for a in argv)), signal.SIGKILL)
+        assert tasks.wait("mpirun", 120) == 0
+        log = tasks.log("mpirun")
+    assert "no report from worker(s) [1]: they went silent (dead or frozen)" in log
+    summary = last_json(log)
+    assert summary["mode"] == "ps-async" and summary["reporting_workers"] == [0] and summary["test_accuracy"] > 0.7
+    assert_no_process_left_on_any_host(cluster)
+
+
+def test_ctrl_c_on_mpirun_stops_every_ps_task_on_every_host(cluster, tmp_path):
+    with Tasks(str(tmp_path)) as tasks:
+        launcher = tasks.start("mpirun", ps_mpirun(cluster, "--sync", "--steps", "100000", *TINY,
+                                                   "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                                   "--checkpoint-every", "20"))
+        tasks.wait_for_text("mpirun", "worker 1: epoch 1 step 25/", timeout=120)
+        os.kill(launcher.pid, signal.SIGINT)
+        assert tasks.wait("mpirun", 30) != 0
+    assert_no_process_left_on_any_host(cluster)
+    assert checkpoint_step(str(tmp_path / "ckpt")) >= 20  # what the chief saved is kept, and readable
 
 
 def test_the_classic_per_terminal_commands_run_with_tasks_on_different_hosts(cluster, tmp_path):

@@ -69,6 +69,14 @@ def check(words, where):
         assert os.access(os.path.join(REPO, program), os.X_OK), f"{where}: {program} is not an executable here"
         return
     assert shutil.which(program, path=BIN + os.pathsep + os.environ.get("PATH", "")), f"{where}: no {program}"
+    if program == "sbatch" and any(word.endswith(".sbatch") for word in words):
+        # one of the repo's batch scripts: its flags go to the command on its `exec` line
+        at = next(i for i, word in enumerate(words) if word.endswith(".sbatch"))
+        path = os.path.join(REPO, words[at])
+        assert os.path.isfile(path), f"{where}: no {words[at]} in the repo"
+        runs = shlex.split([line for line in open(path) if line.startswith("exec ")][-1])[1:]
+        check([word for word in runs if word != "$@"] + words[at + 1:], where)
+        return
     if program in LAUNCHERS:
         inner = next((i for i, word in enumerate(words) if word in OURS or word.endswith(tuple(f"/{o}" for o in OURS))),
                      None)
