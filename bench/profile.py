@@ -50,8 +50,8 @@ def _classes(model_name, num_classes):
     """--num-classes is for models from outside the catalog; the catalog's have their own."""
     from ringtrain.workloads import user_models
     from ringtrain.workloads.models import NUM_CLASSES
-    from ringtrain.workloads.profiles import PROFILES
-    own = 1000 if model_name in PROFILES else NUM_CLASSES
+    from ringtrain.workloads.profiles import PROFILES, classes
+    own = classes(PROFILES[model_name]()) if model_name in PROFILES else NUM_CLASSES
     if user_models.is_user_model(model_name):
         return num_classes or NUM_CLASSES
     if num_classes not in (None, own):

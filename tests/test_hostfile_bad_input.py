@@ -67,3 +67,14 @@ def test_doctor_passes_a_good_hostfile(tmp_path):
     done = run(["ringtrain", "doctor", "--hostfile", str(path), "--np", "2"], timeout=60)
     assert done.returncode == 0, done.stdout
     assert f"hostfile               {path}: 1 host(s), 2 slot(s), 2 rank(s) fit" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hosts,gloo,expected", [
+    ("no-such-host-rt.invalid:1,localhost:1", False, "cannot reach no-such-host-rt.invalid"),
+    ("localhost:1", True, "-np 2 needs 2 slots, but the hosts given (-H, -hostfile) have 1"),
+])
+def test_horovodrun_says_its_own_errors_in_one_line(hosts, gloo, expected):
+    """Unpatched, horovodrun prints a 12- and a 25-line traceback for these."""
+    from helpers import horovodrun
+    assert_one_line_error(horovodrun(2, "--steps", "2", gloo=gloo, hosts=hosts), expected, code=2)

@@ -4,6 +4,7 @@ flags fail in well under a second with one line.
 `--model` names a catalog model, a gradient profile file (FILE.json, written
 by `ringtrain-bench profile`), or a model from outside the catalog
 (workloads/user_models.py: keras:NAME or package.module:function)."""
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -73,7 +74,18 @@ def check_compatible(model_name, dataset):
 
 
 def read_profile(path):
-    """A gradient profile file: {"model", "step_ms", "layers": [[layer, [[var, shape]...]]...]}."""
+    """A gradient profile file: {"model", "step_ms", "layers": [[layer, [[var, shape]...]]...]},
+    read once (flag parsing, the step time and the gradient layers all ask for it)."""
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError as e:
+        raise UsageError(f"--model {path}: cannot read the profile ({e.strerror}): write one with "
+                         f"ringtrain-bench profile") from None
+    return _read_profile(path, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_profile(path, stamp):
     try:
         with open(path) as f:
             profile = json.load(f)

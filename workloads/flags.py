@@ -182,6 +182,11 @@ def load_training_data(args):
     the model. Numpy only: bad input fails before TensorFlow is imported."""
     check_shared_flags(args)
     spec = catalog.check_model(args.model)
+    simulated = spec.simulated_step_ms or getattr(args, "simulate_gpu", None)
+    if getattr(args, "sync_batch_norm", False) and spec is not catalog.USER_MODEL and not simulated:
+        raise UsageError(f"--sync-batch-norm replaces Keras BatchNormalization layers, and {args.model} is one of "
+                         "the catalog's own models, whose statistics stay per worker: give keras:NAME or a "
+                         "factory's Keras model")
     if args.dataset is None:
         args.dataset = spec.default_dataset
     if args.image_shape and args.dataset != "synthetic":

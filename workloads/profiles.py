@@ -44,3 +44,8 @@ def vgg16():
 
 
 PROFILES = {"resnet50": resnet50, "vgg16": vgg16}
+
+
+def classes(layers):
+    """A profile's class count: the width of its last layer's kernel."""
+    return layers[-1][1][0][1][-1]
