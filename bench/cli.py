@@ -2,6 +2,7 @@
 on this machine, on the hosts of a hostfile, or on simulated clusters."""
 import argparse
 import contextlib
+import math
 import os
 import sys
 import time
@@ -32,6 +33,10 @@ EXAMPLES = """examples:
   your own model: what it sends per step, and a profile file that the simulated accelerator trains on:
   ringtrain-bench profile --model keras:ResNet50 --image-shape 224x224x3 --num-classes 1000 --step-ms 292 --out r50.json
   ringtrain-bench scaling --cluster 4 --model r50.json --np 1,2,4 --out r
+
+  past this machine: the α-β model at 8..512 GPUs, 4 a host, ring against PS (nothing runs):
+  ringtrain-bench project --model resnet101 --gpus-per-host 4 --link-rate 25gbit --out r
+  ringtrain-bench project --model r50.json --alpha-beta r/1gbit/scaling.json --out r
 
   your own line through the results; exit 1 when it does not hold:
   ringtrain-bench scaling --np 1,2 --expect 'mode=ring,workers=2: efficiency >= 0.7' --out r
@@ -175,7 +180,7 @@ def add_scaling_flags(p, modes_default):
     g.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="adam",
                    help="the trainers' optimizer (default %(default)s)")
     g.add_argument("--simulate-gpu", type=positive_float, metavar="MS",
-                   help="workers run a simulated accelerator of MS per step (resnet50 and vgg16 always "
+                   help="workers run a simulated accelerator of MS per step (resnet50, resnet101 and vgg16 always "
                         "do, by default with a published P100 step time: bench/COLUMNS.md)")
     g.add_argument("--alpha-beta", metavar="FILE",
                    help="on this machine: allreduce.json to fit the α-β model from (default: "
@@ -216,9 +221,13 @@ def add_run_flags(p, np_type, np_default, np_help, timeout, model_help="default 
     p.add_argument("--model", default="mnist_cnn", type=model_name, metavar="NAME",
                    help=model_help + "; as the trainers' --model: a catalog name, keras:NAME, "
                                      "package.module:function or a profile FILE.json")
-    p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--timeout", type=positive_float, default=timeout,
                    help=f"seconds per launch (default {timeout:g})")
+    add_output_flags(p)
+
+
+def add_output_flags(p):
+    p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--expect", type=expectations.parse, action="append", default=[],
                    metavar="'SELECTOR: FIELD OP NUMBER'",
                    help="your own line through the results, e.g. 'mode=ring,workers=2: efficiency >= 0.8' "
@@ -273,6 +282,31 @@ def parser():
     cv.add_argument("--snapshot-every", type=positive_int, default=10, metavar="K",
                     help="evaluate the weights of every K-th step (default %(default)s)")
     cv.add_argument("--straggler", metavar="RANK:FACTOR[:EVERY]", help="run every mode with this straggler")
+    pj = sub.add_parser("project", help="the α-β model taken to N GPUs on hosts of G GPUs: ring against PS "
+                        "(P = 1, N/4, N), step time, throughput, efficiency; nothing is run", **common)
+    pj.add_argument("--model", default="resnet101", type=model_name, metavar="NAME",
+                    help="whose gradients are exchanged (default %(default)s): a catalog name, keras:NAME, "
+                         "package.module:function or a profile FILE.json")
+    pj.add_argument("--step-ms", type=positive_float, metavar="MS",
+                    help="one GPU's step (default: the profile's own, e.g. the catalog's published P100 figures)")
+    pj.add_argument("--batch-size", type=positive_int, default=64, metavar="B",
+                    help="per GPU, for images/s (default %(default)s)")
+    pj.add_argument("--np", type=int_list, default=[8, 16, 32, 64, 128, 256, 512], metavar="N[,N...]",
+                    help="GPU counts (default 8,16,...,512)")
+    pj.add_argument("--gpus-per-host", type=positive_int, default=1, metavar="G", help="default %(default)s")
+    links = pj.add_mutually_exclusive_group(required=True)
+    links.add_argument("--alpha-beta", metavar="FILE.json",
+                       help="the links' α and β as a bench run fitted them across hosts (its scaling.json)")
+    links.add_argument("--link-rate", type=rate_list, metavar="RATE[,RATE...]",
+                       help="links between hosts, e.g. 25gbit,100gbit, with --latency-us as α")
+    pj.add_argument("--latency-us", type=positive_float, default=10.0, metavar="US",
+                    help="with --link-rate: α, the cost of one message (default %(default)s)")
+    pj.add_argument("--intra-host-rate", type=rate_list, default=["80gbit"], metavar="RATE",
+                    help="the link between GPUs of one host (default 80gbit, PCIe 3.0 x16)")
+    pj.add_argument("--grpc-rate", type=rate_list, metavar="RATE",
+                    help="the most TF's gRPC moves per host and direction, e.g. as measured by "
+                         "ringtrain-bench allreduce on one machine (default: no limit but the link)")
+    add_output_flags(pj)
     pr = sub.add_parser("profile", help="a model's parameters, gradient bytes and tensors, one step timed here, "
                         "and a gradient profile FILE.json for --model", **common)
     pr.add_argument("--model", required=True, type=model_name, metavar="NAME",
@@ -315,6 +349,8 @@ def horovod_env(args):
 
 def check_site(args):
     """One line for a bad combination, before anything starts."""
+    if args.command == "project":
+        return  # (nothing runs: its --link-rate is the links it projects to)
     from ringtrain.multihost.hostfile import fill, read_hostfile
     if getattr(args, "hostfile", None):
         fill(read_hostfile(args.hostfile), max(args.np), f"hostfile {args.hostfile}")
@@ -373,7 +409,7 @@ def scaling_config(args):
     if any(k != 1 for k in getattr(args, "time_dilation", [1.0])) and \
             not simulated_step_ms(args.model, args.simulate_gpu):
         raise UsageError("--time-dilation slows the simulated accelerator with the links: add --simulate-gpu MS "
-                         "(or use resnet50 or vgg16)")
+                         "(or use resnet50, resnet101 or vgg16)")
     if args.steps <= args.warmup_steps:
         raise UsageError(f"--steps {args.steps} leaves no step to time after {args.warmup_steps} warm-up "
                          "steps: give more --steps or fewer --warmup-steps")
@@ -406,7 +442,7 @@ def tradeoff_config(args):
         from ringtrain.workloads.catalog import simulated_step_ms
         from ringtrain.workloads.straggler import check, parse
         if simulated_step_ms(args.model, cfg["simulate_gpu_ms"]):
-            raise UsageError("convergence needs a model that learns: drop --simulate-gpu (resnet50 and vgg16 "
+            raise UsageError("convergence needs a model that learns: drop --simulate-gpu (resnet50, resnet101 and vgg16 "
                              "are simulated only)")
         if args.straggler:
             try:
@@ -442,6 +478,32 @@ def run_allreduce(args, np_list, log):
     return result
 
 
+def run_project(args, log):
+    from ringtrain.bench import allreduce, project
+    from ringtrain.multihost.simcluster import rate_bits_per_sec
+    from ringtrain.workloads.catalog import check_model
+    spec = check_model(args.model)
+    step_ms = args.step_ms or spec.simulated_step_ms
+    if not step_ms:
+        raise UsageError(f"{args.model} has no published step time: give --step-ms MS (one GPU's step)")
+    if args.alpha_beta:
+        ring, ps = project.fits_from(args.alpha_beta)
+        links = [{"label": "fitted", "source": f"fitted in {args.alpha_beta}", "ring": ring, "ps": ps}]
+    else:
+        links = [{"label": rate, "source": f"given, α = {args.latency_us:g} us",
+                  "ring": project.link_fit(rate_bits_per_sec(rate), args.latency_us / 1e6),
+                  "ps": project.link_fit(rate_bits_per_sec(rate), args.latency_us / 1e6)} for rate in args.link_rate]
+    shapes = allreduce.gradient_shapes(args.model)
+    cfg = {"model": args.model, "gradient_bytes": 4 * sum(math.prod(s) for s in shapes), "step_ms": step_ms,
+           "step_source": "given (--step-ms)" if args.step_ms else "the catalog's published P100 step",
+           "batch_size": args.batch_size, "np": args.np, "gpus_per_host": args.gpus_per_host, "links": links,
+           "intra": project.link_fit(rate_bits_per_sec(args.intra_host_rate[0]), 1e-6),
+           "grpc_rate_bits": rate_bits_per_sec(args.grpc_rate[0]) if args.grpc_rate else None}
+    result = project.project(cfg)
+    print(project.write(result, args.out), flush=True)
+    return result
+
+
 def run_scaling(args, log):
     from ringtrain.bench import scaling, scaling_report
     cfg = scaling_config(args)
@@ -472,6 +534,8 @@ def _main(argv):
             run_scaling(args, log)
         elif args.command in ("straggler", "convergence"):
             run_tradeoff(args, log)
+        elif args.command == "project":
+            run_project(args, log)
         else:
             run_allreduce(args, [2 if max(args.np) < 2 else max(args.np)], log)
             run_scaling(args, log)

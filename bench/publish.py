@@ -16,6 +16,7 @@ REPORTS = {
                ("Allreduce bench", "Scaling bench", "Simulated accelerator")),
     "straggler": (("straggler",), "One slow worker: sync against async", ("Straggler bench", "Simulated accelerator")),
     "convergence": (("convergence",), "Time to accuracy: sync against async", ("Convergence bench",)),
+    "project": (("project",), "Projected scaling: ring against PS", ("Projection",)),
 }
 
 

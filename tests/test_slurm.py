@@ -13,8 +13,7 @@ import pytest
 
 from ringtrain.multihost import simcluster, slurm
 from ringtrain.workloads.errors import UsageError
-from helpers import (ONE_THREAD, REPO, assert_checkpoint_is_one_process_on_the_global_batch, last_json, run,
-                     run_ok)
+from helpers import ONE_THREAD, REPO, assert_checkpoint_is_one_process_on_the_global_batch, last_json, run_ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 SBATCH = os.path.join(REPO, "mpi_hostfiles", "slurm")
@@ -92,10 +91,17 @@ def job_processes(cluster):
                     argv = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
             except OSError:
                 continue
-            if argv and not any(os.path.basename(argv.split()[0]).rstrip(":").startswith(d) for d in DAEMONS) \
-                    and not argv.startswith(("slurmctld:", "sshd:")):
+            if argv and os.path.basename(argv.split()[0]).rstrip(":") not in DAEMONS:
                 found.setdefault(host.name, []).append(argv)
     return found
+
+
+def jobs_left_after(cluster, seconds=15):
+    """job_processes once they are gone, or after `seconds` (slurmstepd reaps the last of them)."""
+    deadline = time.monotonic() + seconds
+    while (left := job_processes(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 @pytest.mark.parametrize("script", ["ring.sbatch", "ring-srun.sbatch"])
@@ -154,10 +160,7 @@ def test_scancel_leaves_no_process_on_any_host(nodes, tmp_path):
     on_h1(nodes, ["scancel", job], tmp_path)
     final, _ = wait_for_end(nodes, job, tmp_path, timeout=60)
     assert final == "CANCELLED"
-    deadline = time.monotonic() + 15  # (slurmstepd reaps the last of them)
-    while (left := job_processes(nodes)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert left == {}
+    assert jobs_left_after(nodes) == {}
 
 
 def test_a_dead_node_ends_its_job_with_a_line_naming_it(tmp_path):
@@ -177,7 +180,7 @@ def test_a_dead_node_ends_its_job_with_a_line_naming_it(tmp_path):
         assert final == "NODE_FAIL", text[-3000:]
         assert "srun: error: Node failure on h2" in text
         assert slurm.node_states(dying)["h2"].startswith("down")
-        assert "h1" not in job_processes(dying)  # nothing of the job is left on the node that lived
+        assert "h1" not in jobs_left_after(dying)  # nothing of the job is left on the node that lived
     finally:
         simcluster.down(name, quiet=True)
     assert not [ns for ns in os.listdir("/run/netns") if ns.startswith(f"{name}-")]

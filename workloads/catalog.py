@@ -29,6 +29,10 @@ MODEL_SPECS = {
     # TF's benchmarks page, DGX-1 P100, batch 64 per GPU, synthetic data: 219 img/s, 154 img/s
     "resnet50": ModelSpec((28, 28, 1), "synthetic", simulated_step_ms=64 / 219 * 1e3),
     "vgg16": ModelSpec((28, 28, 1), "synthetic", simulated_step_ms=64 / 154 * 1e3),
+    # Not on that page: between ResNet-50 and ResNet-152 (91 img/s) by their multiply-adds
+    # (3.8, 7.6 and 11.3 G per image, He et al. 2015): 500 ms
+    "resnet101": ModelSpec((28, 28, 1), "synthetic",
+                           simulated_step_ms=64e3 / 219 + (7.6 - 3.8) / (11.3 - 3.8) * (64e3 / 91 - 64e3 / 219)),
 }
 # keras:NAME and factories: synthetic images of --image-shape, 32x32x3 unless given
 # (the smallest input keras.applications' ResNets and VGGs take).

@@ -108,7 +108,7 @@ def add_training_flags(parser, summary_json=True):
     g.add_argument("--simulate-gpu", type=positive_float, metavar="MS",
                    help="a simulated accelerator: forward and backward become a wait of MS per step "
                         "that uses no CPU, spread over the layers in backprop order; the gradients "
-                        "keep their real shapes and are really exchanged (resnet50 and vgg16 always "
+                        "keep their real shapes and are really exchanged (resnet50, resnet101 and vgg16 always "
                         "run this way, by default with a published P100 step time)")
     g.add_argument("--sync-batch-norm", action="store_true",
                    help="ring and TF collective modes, Keras models: batch norm over the global batch (Horovod's "

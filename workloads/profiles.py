@@ -5,12 +5,21 @@ gradients are exactly as large as the real models', the compute is a wait.
 Layer by layer, as Keras' applications build them (convolutions with a bias,
 batch-norm gamma and beta; the moving statistics are not trained, so they
 have no gradient and are left out):
-  resnet50: 54 layers, 25,583,592 trainable parameters (Keras: 25,583,592)
+  resnet50:  54 layers, 25,583,592 trainable parameters (Keras: 25,583,592)
+  resnet101: 105 layers, 44,601,832 trainable parameters (Keras: 44,601,832)
   vgg16:    16 layers, 138,357,544 parameters (Keras: 138,357,544)
 """
 
 
 def resnet50():
+    return _resnet((3, 4, 6, 3))
+
+
+def resnet101():
+    return _resnet((3, 4, 23, 3))
+
+
+def _resnet(blocks_per_stage):
     layers = []
 
     def conv(name, size, c_in, c_out):
@@ -19,7 +28,7 @@ def resnet50():
 
     conv("conv1", 7, 3, 64)
     c_in = 64
-    for stage, (blocks, width) in enumerate([(3, 64), (4, 128), (6, 256), (3, 512)], start=2):
+    for stage, (blocks, width) in enumerate(zip(blocks_per_stage, (64, 128, 256, 512)), start=2):
         for block in range(1, blocks + 1):
             name = f"conv{stage}_block{block}"
             if block == 1:
@@ -43,7 +52,7 @@ def vgg16():
     return layers
 
 
-PROFILES = {"resnet50": resnet50, "vgg16": vgg16}
+PROFILES = {"resnet50": resnet50, "resnet101": resnet101, "vgg16": vgg16}
 
 
 def classes(layers):

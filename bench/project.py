@@ -1,0 +1,167 @@
+"""`ringtrain-bench project`: the α-β model that explains the measured rows
+(bench/stats.py), taken to cluster sizes this machine cannot run: N GPUs on
+hosts of G GPUs each, at given link rates, for ring-allreduce and for
+synchronous PS training with P = 1, N/4 and N parameter servers.
+
+Inputs: a model's gradient bytes (its profile) and one GPU's step time; the
+links' α (per message) and β (per byte) from a bench run's fit, or from a
+rate and a latency given by hand. Every report lists ASSUMPTIONS."""
+import json
+import math
+import os
+
+from ringtrain.bench import stats, tables
+from ringtrain.workloads.errors import UsageError
+
+ASSUMPTIONS = (
+    "Weak scaling: every GPU keeps its batch. Efficiency is one GPU's step time over the projected step time.",
+    "A GPU's forward pass is a third of its step and its backward pass two thirds.",
+    "Ring: Horovod's hierarchical allreduce on hosts of G GPUs: a ring inside each host on the intra-host "
+    "link (2(G-1)/G of the gradients), then rings across the H hosts, whose links each carry 2(H-1)/H of "
+    "them, with 2(G-1) + 2(H-1) latency steps. It starts as backprop produces gradients, so only what "
+    "outlasts the backward pass is exposed (tensor fusion assumed perfect).",
+    "PS: P tasks spread over the workers' hosts in turn, each holding 1/P of the variables. Every step, "
+    "every worker pushes its gradients and pulls the weights (synchronous). A host's link carries what its "
+    "workers send to other hosts' PS tasks and what its PS tasks take in from other hosts' workers, both "
+    "directions at full rate, and the busiest link sets the time (BytePS's max(M/B, nM/(kB)), with "
+    "placement). Transfers inside a host cost nothing. Pushes hide behind the backward pass, pulls behind "
+    "the forward pass.",
+    "PS transfers go through TF's gRPC: with --grpc-rate, no host moves more than that per direction, "
+    "whatever its link.",
+    "Ignored: contention in the switches (full bisection bandwidth), stragglers and jitter (every GPU "
+    "steps in time), the PS tasks' CPU for applying updates, and start-up.",
+)
+CSV_KEYS = ["model", "link_rate", "gpus", "hosts", "mode", "num_ps", "compute_ms", "exchange_ms", "exposed_ms",
+            "hidden_pct", "step_ms", "images_per_sec", "efficiency"]
+COLUMNS = [("mode_label", "mode"), ("link_rate", "link"), ("gpus", "N GPUs"), ("hosts", "hosts"),
+           ("step", "step ms"), ("exchange", "exchange ms"), ("hidden", "hidden %"), ("ips", "images/s"),
+           ("eff", "efficiency")]
+
+
+def ps_counts(n):
+    """P = 1, N/4 and N (each once)."""
+    return sorted({1, max(1, n // 4), n})
+
+
+def ring_exchange_seconds(nbytes, gpus, per_host, link, intra):
+    """Hierarchical ring allreduce: inside each host, then across hosts."""
+    hosts = math.ceil(gpus / per_host)
+    inside = stats.ring_allreduce_seconds(nbytes, min(per_host, gpus), intra["alpha_sec"],
+                                          intra["beta_sec_per_byte"])
+    return inside + stats.ring_allreduce_seconds(nbytes, hosts, link["alpha_sec"], link["beta_sec_per_byte"])
+
+
+def ps_step_seconds(compute, nbytes, gpus, per_host, num_ps, fit):
+    hosts = math.ceil(gpus / per_host)
+    workers = [i // per_host for i in range(gpus)]
+    ps_hosts = [i % hosts for i in range(num_ps)]
+    return stats.ps_step_seconds(compute, compute / 3, compute * 2 / 3, workers, ps_hosts,
+                                 [nbytes / num_ps] * num_ps, fit["alpha_sec"], fit["beta_sec_per_byte"], sync=True)
+
+
+def link_fit(rate_bits, latency_sec):
+    return {"alpha_sec": latency_sec, "beta_sec_per_byte": 8.0 / rate_bits}
+
+
+def project(cfg):
+    """Every (link, N, mode, P) row, and the inputs and assumptions behind them."""
+    nbytes, compute = cfg["gradient_bytes"], cfg["step_ms"] / 1e3
+    rows = []
+    for link in cfg["links"]:
+        ps_fit = dict(link["ps"])
+        if cfg.get("grpc_rate_bits"):  # gRPC's own ceiling, whatever the link
+            ps_fit["beta_sec_per_byte"] = max(ps_fit["beta_sec_per_byte"], 8.0 / cfg["grpc_rate_bits"])
+        for n in cfg["np"]:
+            base = {"model": cfg["model"], "link_rate": link["label"], "gpus": n,
+                    "hosts": math.ceil(n / cfg["gpus_per_host"]), "compute_ms": compute * 1e3}
+            exchange = ring_exchange_seconds(nbytes, n, cfg["gpus_per_host"], link["ring"], cfg["intra"])
+            step = compute + max(0.0, exchange - compute * 2 / 3)  # (as stats.ring_step_seconds)
+            rows.append(row(base, "ring", None, step, exchange, compute, cfg["batch_size"], n))
+            for p in ps_counts(n):
+                step = ps_step_seconds(compute, nbytes, n, cfg["gpus_per_host"], p, ps_fit)
+                rows.append(row(base, "ps-sync", p, step, None, compute, cfg["batch_size"], n))
+    return {"rows": rows, "assumptions": list(ASSUMPTIONS),
+            "inputs": {k: v for k, v in cfg.items() if k != "np"}, "np": cfg["np"]}
+
+
+def row(base, mode, num_ps, step, exchange, compute, batch, n):
+    exposed = step - compute
+    r = dict(base, mode=mode, num_ps=num_ps, step_ms=step * 1e3, exposed_ms=exposed * 1e3,
+             exchange_ms=exchange * 1e3 if exchange is not None else None,
+             images_per_sec=batch * n / step, efficiency=compute / step)
+    r["hidden_pct"] = 100 * (1 - exposed / exchange) if exchange else None
+    return r
+
+
+def markdown(result):
+    inputs = result["inputs"]
+    text = (f"# Projection: {inputs['model']} on up to {max(result['np'])} GPUs, {inputs['gpus_per_host']} per "
+            f"host\n\nThe α-β model (bench/stats.py), not a measurement. Gradients {inputs['gradient_bytes'] / 1e6:,.1f} "
+            f"MB per step, one GPU's step {inputs['step_ms']:,.1f} ms ({inputs['step_source']}), batch "
+            f"{inputs['batch_size']} per GPU. Columns: bench/COLUMNS.md, section Projection.\n\n")
+    for link in inputs["links"]:
+        text += (f"- link {link['label']} ({link['source']}): ring α = {link['ring']['alpha_sec'] * 1e6:,.1f} us, "
+                 f"1/β = {1e-6 / link['ring']['beta_sec_per_byte']:,.1f} MB/s; PS α = "
+                 f"{link['ps']['alpha_sec'] * 1e6:,.1f} us, 1/β = {1e-6 / link['ps']['beta_sec_per_byte']:,.1f} MB/s\n")
+    text += (f"- inside a host: 1/β = {1e-6 / inputs['intra']['beta_sec_per_byte']:,.1f} MB/s"
+             + (f"; TF's gRPC at most {inputs['grpc_rate_bits'] / 8e6:,.1f} MB/s per host and direction"
+                if inputs.get("grpc_rate_bits") else "") + "\n\n")
+    cells = [dict(r, mode_label=r["mode"] + (f" P={r['num_ps']}" if r["num_ps"] else ""),
+                  step=tables.fmt(r["step_ms"], 1), exchange=tables.fmt(r["exchange_ms"], 1),
+                  hidden=tables.fmt(r["hidden_pct"], 0), ips=tables.fmt(r["images_per_sec"], 0),
+                  eff=f"{100 * r['efficiency']:.0f}%") for r in result["rows"]]
+    text += tables.markdown(COLUMNS, cells)
+    text += "\nWhat the projection assumes:\n\n" + "".join(f"- {a}\n" for a in result["assumptions"])
+    return text
+
+
+def write(result, out_dir):
+    text = tables.write_report(out_dir, "project", markdown(result), CSV_KEYS, result)
+    efficiency_plot(result, os.path.join(out_dir, "project_efficiency.png"))
+    return text
+
+
+def efficiency_plot(result, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 5))
+    lines = {}
+    for r in result["rows"]:
+        label = f"{r['mode']}" + (" P=1" if r["num_ps"] == 1 else " P=N/4" if r["num_ps"] and r["num_ps"] == max(
+            1, r["gpus"] // 4) and r["num_ps"] != r["gpus"] else " P=N" if r["num_ps"] else "")
+        lines.setdefault((r["link_rate"], label), []).append((r["gpus"], 100 * r["efficiency"]))
+    for (rate, label), points in lines.items():
+        ax.plot(*zip(*sorted(points)), marker="o", linestyle="-" if label == "ring" else "--", label=f"{label}, {rate}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("N GPUs (log scale)")
+    ax.set_ylabel("projected efficiency, %")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"Projected scaling efficiency: {result['inputs']['model']}, "
+                 f"{result['inputs']['gpus_per_host']} GPUs per host (α-β model)", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def fits_from(path):
+    """(ring fit, PS fit) of a bench run's scaling.json or allreduce.json."""
+    try:
+        with open(path) as f:
+            result = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--alpha-beta {path}: cannot read it ({e}): give a scaling.json or allreduce.json "
+                         "that ringtrain-bench wrote") from None
+    if "alpha_beta_ps" in result:  # scaling.json: fitted across its hosts (one fit, or one per rank count)
+        from ringtrain.bench.scaling_rows import fit_at
+        ring, ps = result.get("alpha_beta"), result.get("alpha_beta_ps")
+        ring = fit_at(ring, "all") if ring else None
+    else:
+        from ringtrain.bench.scaling import load_alpha_beta
+        ring, ps = load_alpha_beta(path)
+    if not ring or not ps:
+        raise UsageError(f"--alpha-beta {path} holds no ring and PS fit: give the scaling.json of a run across "
+                         "hosts (--hostfile or --cluster), or --link-rate and --latency-us")
+    return ring, ps

@@ -1,0 +1,77 @@
+"""ringtrain-bench project: the α-β model at sizes this machine cannot run
+reduces to the closed forms (ring allreduce, BytePS's PS time with its
+placement, the hierarchy's two rings), and the command writes its reports."""
+import json
+import math
+
+import pytest
+
+from ringtrain.bench import project
+from helpers import BENCH, run_ok
+
+S, C = 100e6, 0.3  # gradient bytes, one GPU's step (s)
+ALPHA, BETA = 20e-6, 8 / 25e9  # 25 Gbit/s
+
+
+def cfg(np_, per_host=1, grpc=None):
+    link = project.link_fit(25e9, ALPHA)
+    return {"model": "m", "gradient_bytes": S, "step_ms": C * 1e3, "step_source": "given", "batch_size": 64,
+            "np": np_, "gpus_per_host": per_host, "intra": project.link_fit(80e9, 1e-6), "grpc_rate_bits": grpc,
+            "links": [{"label": "25gbit", "source": "given", "ring": link, "ps": link}]}
+
+
+def rows(config):
+    return {(r["mode"], r["gpus"], r["num_ps"]): r for r in project.project(config)["rows"]}
+
+
+def exposed_ps(t):
+    return 2 * ALPHA + max(0, t - 2 * C / 3) + max(0, t - C / 3)
+
+
+def test_ring_is_the_ring_allreduce_hidden_behind_backprop():
+    for n in (8, 64):
+        r = rows(cfg([n]))[("ring", n, None)]
+        t = 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * S * BETA
+        assert r["exchange_ms"] == pytest.approx(t * 1e3)
+        assert r["step_ms"] == pytest.approx((C + max(0, t - 2 * C / 3)) * 1e3)
+        assert r["efficiency"] == pytest.approx(C / (C + max(0, t - 2 * C / 3)))
+        assert r["images_per_sec"] == pytest.approx(64 * n / (r["step_ms"] / 1e3))
+
+
+def test_hosts_of_several_gpus_pay_a_ring_inside_and_a_ring_across():
+    r = rows(cfg([32], per_host=4))[("ring", 32, None)]
+    inside = 2 * 3 * 1e-6 + 2 * 3 / 4 * S * 8 / 80e9
+    across = 2 * 7 * ALPHA + 2 * 7 / 8 * S * BETA
+    assert r["hosts"] == 8 and r["exchange_ms"] == pytest.approx((inside + across) * 1e3)
+
+
+def test_ps_time_is_bytepss_closed_form_with_the_tasks_placed_on_the_workers_hosts():
+    n = 16
+    got = rows(cfg([n]))
+    # one PS task on host 0: it takes in every other worker's gradients, n M / (k B) with k = 1
+    assert got[("ps-sync", n, 1)]["step_ms"] == pytest.approx((C + exposed_ps((n - 1) * S * BETA)) * 1e3)
+    # one per host: each link carries (n-1)/n of a gradient each way, M/B less the local share
+    assert got[("ps-sync", n, n)]["step_ms"] == pytest.approx((C + exposed_ps((n - 1) / n * S * BETA)) * 1e3)
+    assert (n // 4) in {p for _, _, p in got if p}
+
+
+def test_grpc_rate_caps_what_a_ps_host_moves():
+    n, grpc = 16, 4e9
+    capped = rows(cfg([n], grpc=grpc))[("ps-sync", n, n)]
+    assert capped["step_ms"] == pytest.approx((C + exposed_ps((n - 1) / n * S * 8 / grpc)) * 1e3)
+    assert rows(cfg([n], grpc=grpc))[("ring", n, None)] == rows(cfg([n]))[("ring", n, None)]
+
+
+@pytest.mark.slow
+def test_the_command_writes_its_tables_plot_and_page(tmp_path):
+    out = run_ok([*BENCH, "project", "--model", "vgg16", "--gpus-per-host", "4", "--link-rate", "25gbit,100gbit",
+                  "--np", "8,128", "--out", str(tmp_path)], timeout=120)
+    assert "What the projection assumes" in out and "contention in the switches" in out
+    result = json.loads((tmp_path / "project.json").read_text())
+    assert len(result["rows"]) == 2 * 2 * 4  # 2 rates x 2 N x (ring, P = 1, N/4, N)
+    ring = {(r["link_rate"], r["gpus"]): r["efficiency"] for r in result["rows"] if r["mode"] == "ring"}
+    assert ring[("100gbit", 128)] > ring[("25gbit", 128)]  # faster links hide more
+    assert result["inputs"]["gradient_bytes"] == 4 * 138_357_544
+    assert math.isclose(result["inputs"]["step_ms"], 64 / 154 * 1e3)
+    for name in ("project.md", "project.csv", "project_efficiency.png", "report.html"):
+        assert (tmp_path / name).stat().st_size > 0
