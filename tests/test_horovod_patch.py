@@ -44,7 +44,9 @@ def test_an_idle_rank_spends_no_cpu_in_horovods_background_thread():
     upstream = idle_cpu("0")  # measured in this run, for the record
     event, gloo = idle_cpu("1"), idle_cpu("1", gloo=True)
     print(f"idle background thread, % of a core per rank: upstream {upstream}, event {event}, gloo {gloo}")
-    assert max(event) < 2 and max(gloo) < 2, (event, gloo, upstream)
+    # Polling each 1 ms cycle costs most of a core (upstream's busiest rank: 90 % and more);
+    # a loop that blocks shows 0-3 %: accounting ticks and wake-ups, higher on a loaded machine.
+    assert max(event) < 10 and max(gloo) < 10, (event, gloo, upstream)
 
 
 def test_both_loops_train_the_same_identical_ranks(tmp_path):
