@@ -299,6 +299,10 @@ def parser():
                        help="the links' α and β as a bench run fitted them across hosts (its scaling.json)")
     links.add_argument("--link-rate", type=rate_list, metavar="RATE[,RATE...]",
                        help="links between hosts, e.g. 25gbit,100gbit, with --latency-us as α")
+    pj.add_argument("--placement", choices=["greedy", "round_robin", "partitioned"], default="greedy",
+                    help="how PS tasks hold the variables, as in ps-baseline (default %(default)s)")
+    pj.add_argument("--fit-at", type=positive_int, metavar="N",
+                    help="with --alpha-beta: the ring's α and β as fitted at N ranks (default: over every N)")
     pj.add_argument("--latency-us", type=positive_float, default=10.0, metavar="US",
                     help="with --link-rate: α, the cost of one message (default %(default)s)")
     pj.add_argument("--intra-host-rate", type=rate_list, default=["80gbit"], metavar="RATE",
@@ -487,14 +491,16 @@ def run_project(args, log):
     if not step_ms:
         raise UsageError(f"{args.model} has no published step time: give --step-ms MS (one GPU's step)")
     if args.alpha_beta:
-        ring, ps = project.fits_from(args.alpha_beta)
-        links = [{"label": "fitted", "source": f"fitted in {args.alpha_beta}", "ring": ring, "ps": ps}]
+        ring, ps = project.fits_from(args.alpha_beta, args.fit_at)
+        at = f" at {args.fit_at} ranks" if args.fit_at else ""
+        links = [{"label": "fitted", "source": f"fitted{at} in {args.alpha_beta}", "ring": ring, "ps": ps}]
     else:
         links = [{"label": rate, "source": f"given, α = {args.latency_us:g} us",
                   "ring": project.link_fit(rate_bits_per_sec(rate), args.latency_us / 1e6),
                   "ps": project.link_fit(rate_bits_per_sec(rate), args.latency_us / 1e6)} for rate in args.link_rate]
     shapes = allreduce.gradient_shapes(args.model)
-    cfg = {"model": args.model, "gradient_bytes": 4 * sum(math.prod(s) for s in shapes), "step_ms": step_ms,
+    cfg = {"model": args.model, "tensor_bytes": [4 * math.prod(s) for s in shapes], "step_ms": step_ms,
+           "placement": args.placement,
            "step_source": "given (--step-ms)" if args.step_ms else "the catalog's published P100 step",
            "batch_size": args.batch_size, "np": args.np, "gpus_per_host": args.gpus_per_host, "links": links,
            "intra": project.link_fit(rate_bits_per_sec(args.intra_host_rate[0]), 1e-6),

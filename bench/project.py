@@ -20,7 +20,9 @@ ASSUMPTIONS = (
     "link (2(G-1)/G of the gradients), then rings across the H hosts, whose links each carry 2(H-1)/H of "
     "them, with 2(G-1) + 2(H-1) latency steps. It starts as backprop produces gradients, so only what "
     "outlasts the backward pass is exposed (tensor fusion assumed perfect).",
-    "PS: P tasks spread over the workers' hosts in turn, each holding 1/P of the variables. Every step, "
+    "PS: P tasks spread over the workers' hosts in turn. They hold the model's variables as ps-baseline "
+    "places them (--placement: greedy or round_robin place whole variables, so the largest one sets a floor; "
+    "partitioned gives every task an even share). Every step, "
     "every worker pushes its gradients and pulls the weights (synchronous). A host's link carries what its "
     "workers send to other hosts' PS tasks and what its PS tasks take in from other hosts' workers, both "
     "directions at full rate, and the busiest link sets the time (BytePS's max(M/B, nM/(kB)), with "
@@ -51,12 +53,26 @@ def ring_exchange_seconds(nbytes, gpus, per_host, link, intra):
     return inside + stats.ring_allreduce_seconds(nbytes, hosts, link["alpha_sec"], link["beta_sec_per_byte"])
 
 
-def ps_step_seconds(compute, nbytes, gpus, per_host, num_ps, fit):
+def ps_loads(tensor_bytes, num_ps, placement):
+    """Bytes each PS task holds, placed as ps-baseline places variables
+    (ps_baseline/placement.py): whole variables in model order, each to the
+    least-loaded task (greedy) or the next one (round_robin); partitioned,
+    every task an even share."""
+    if placement == "partitioned":
+        return [sum(tensor_bytes) / num_ps] * num_ps
+    loads = [0.0] * num_ps
+    for k, nbytes in enumerate(tensor_bytes):
+        loads[loads.index(min(loads)) if placement == "greedy" else k % num_ps] += nbytes
+    return loads
+
+
+def ps_step_seconds(compute, tensor_bytes, gpus, per_host, num_ps, placement, fit):
     hosts = math.ceil(gpus / per_host)
     workers = [i // per_host for i in range(gpus)]
     ps_hosts = [i % hosts for i in range(num_ps)]
     return stats.ps_step_seconds(compute, compute / 3, compute * 2 / 3, workers, ps_hosts,
-                                 [nbytes / num_ps] * num_ps, fit["alpha_sec"], fit["beta_sec_per_byte"], sync=True)
+                                 ps_loads(tensor_bytes, num_ps, placement), fit["alpha_sec"],
+                                 fit["beta_sec_per_byte"], sync=True)
 
 
 def link_fit(rate_bits, latency_sec):
@@ -65,7 +81,7 @@ def link_fit(rate_bits, latency_sec):
 
 def project(cfg):
     """Every (link, N, mode, P) row, and the inputs and assumptions behind them."""
-    nbytes, compute = cfg["gradient_bytes"], cfg["step_ms"] / 1e3
+    nbytes, compute = sum(cfg["tensor_bytes"]), cfg["step_ms"] / 1e3
     rows = []
     for link in cfg["links"]:
         ps_fit = dict(link["ps"])
@@ -78,10 +94,13 @@ def project(cfg):
             step = compute + max(0.0, exchange - compute * 2 / 3)  # (as stats.ring_step_seconds)
             rows.append(row(base, "ring", None, step, exchange, compute, cfg["batch_size"], n))
             for p in ps_counts(n):
-                step = ps_step_seconds(compute, nbytes, n, cfg["gpus_per_host"], p, ps_fit)
+                step = ps_step_seconds(compute, cfg["tensor_bytes"], n, cfg["gpus_per_host"], p, cfg["placement"],
+                                       ps_fit)
                 rows.append(row(base, "ps-sync", p, step, None, compute, cfg["batch_size"], n))
     return {"rows": rows, "assumptions": list(ASSUMPTIONS),
-            "inputs": {k: v for k, v in cfg.items() if k != "np"}, "np": cfg["np"]}
+            "inputs": dict({k: v for k, v in cfg.items() if k not in ("np", "tensor_bytes")}, gradient_bytes=nbytes,
+                           tensors=len(cfg["tensor_bytes"]), largest_tensor_bytes=max(cfg["tensor_bytes"])),
+            "np": cfg["np"]}
 
 
 def row(base, mode, num_ps, step, exchange, compute, batch, n):
@@ -97,7 +116,8 @@ def markdown(result):
     inputs = result["inputs"]
     text = (f"# Projection: {inputs['model']} on up to {max(result['np'])} GPUs, {inputs['gpus_per_host']} per "
             f"host\n\nThe α-β model (bench/stats.py), not a measurement. Gradients {inputs['gradient_bytes'] / 1e6:,.1f} "
-            f"MB per step, one GPU's step {inputs['step_ms']:,.1f} ms ({inputs['step_source']}), batch "
+            f"MB per step in {inputs['tensors']} tensors (the largest {inputs['largest_tensor_bytes'] / 1e6:,.1f} MB), "
+            f"PS placement {inputs['placement']}, one GPU's step {inputs['step_ms']:,.1f} ms ({inputs['step_source']}), batch "
             f"{inputs['batch_size']} per GPU. Columns: bench/COLUMNS.md, section Projection.\n\n")
     for link in inputs["links"]:
         text += (f"- link {link['label']} ({link['source']}): ring α = {link['ring']['alpha_sec'] * 1e6:,.1f} us, "
@@ -146,8 +166,9 @@ def efficiency_plot(result, path):
     plt.close(fig)
 
 
-def fits_from(path):
-    """(ring fit, PS fit) of a bench run's scaling.json or allreduce.json."""
+def fits_from(path, ranks=None):
+    """(ring fit, PS fit) of a bench run's scaling.json or allreduce.json: the
+    ring's over every rank count it measured, or the one at `ranks`."""
     try:
         with open(path) as f:
             result = json.load(f)
@@ -157,7 +178,10 @@ def fits_from(path):
     if "alpha_beta_ps" in result:  # scaling.json: fitted across its hosts (one fit, or one per rank count)
         from ringtrain.bench.scaling_rows import fit_at
         ring, ps = result.get("alpha_beta"), result.get("alpha_beta_ps")
-        ring = fit_at(ring, "all") if ring else None
+        if ranks and ring and "alpha_sec" not in ring and str(ranks) not in ring:
+            raise UsageError(f"--fit-at {ranks}: {path} has ring fits at {', '.join(k for k in ring if k != 'all')} "
+                             "ranks only")
+        ring = fit_at(ring, str(ranks) if ranks else "all") if ring else None
     else:
         from ringtrain.bench.scaling import load_alpha_beta
         ring, ps = load_alpha_beta(path)

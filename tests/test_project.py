@@ -13,9 +13,9 @@ S, C = 100e6, 0.3  # gradient bytes, one GPU's step (s)
 ALPHA, BETA = 20e-6, 8 / 25e9  # 25 Gbit/s
 
 
-def cfg(np_, per_host=1, grpc=None):
+def cfg(np_, per_host=1, grpc=None, tensors=(S,), placement="partitioned"):
     link = project.link_fit(25e9, ALPHA)
-    return {"model": "m", "gradient_bytes": S, "step_ms": C * 1e3, "step_source": "given", "batch_size": 64,
+    return {"model": "m", "tensor_bytes": list(tensors), "placement": placement, "step_ms": C * 1e3, "step_source": "given", "batch_size": 64,
             "np": np_, "gpus_per_host": per_host, "intra": project.link_fit(80e9, 1e-6), "grpc_rate_bits": grpc,
             "links": [{"label": "25gbit", "source": "given", "ring": link, "ps": link}]}
 
@@ -55,6 +55,16 @@ def test_ps_time_is_bytepss_closed_form_with_the_tasks_placed_on_the_workers_hos
     assert (n // 4) in {p for _, _, p in got if p}
 
 
+def test_whole_variables_are_placed_as_ps_baseline_places_them():
+    tensors = [10e6, 60e6, 30e6]  # model order
+    assert project.ps_loads(tensors, 2, "greedy") == [40e6, 60e6]  # 10 -> 0, 60 -> 1, 30 -> 0
+    assert project.ps_loads(tensors, 2, "round_robin") == [40e6, 60e6]
+    assert project.ps_loads(tensors, 4, "partitioned") == [25e6] * 4
+    n = 8  # the largest variable sets the floor: P = N is no better than its one task's link
+    got = rows(cfg([n], tensors=tensors, placement="greedy"))[("ps-sync", n, n)]
+    assert got["step_ms"] == pytest.approx((C + exposed_ps((n - 1) * 60e6 * BETA)) * 1e3)
+
+
 def test_grpc_rate_caps_what_a_ps_host_moves():
     n, grpc = 16, 4e9
     capped = rows(cfg([n], grpc=grpc))[("ps-sync", n, n)]
@@ -65,7 +75,7 @@ def test_grpc_rate_caps_what_a_ps_host_moves():
 @pytest.mark.slow
 def test_the_command_writes_its_tables_plot_and_page(tmp_path):
     out = run_ok([*BENCH, "project", "--model", "vgg16", "--gpus-per-host", "4", "--link-rate", "25gbit,100gbit",
-                  "--np", "8,128", "--out", str(tmp_path)], timeout=120)
+                  "--np", "8,128", "--placement", "partitioned", "--out", str(tmp_path)], timeout=120)
     assert "What the projection assumes" in out and "contention in the switches" in out
     result = json.loads((tmp_path / "project.json").read_text())
     assert len(result["rows"]) == 2 * 2 * 4  # 2 rates x 2 N x (ring, P = 1, N/4, N)
