@@ -25,8 +25,30 @@ def busbw_plot(result, path):
     ax.set_ylabel("busbw (GB/s) = algbw * 2(n-1)/n")
     ax.set_title(f"Allreduce bus bandwidth, {result['config']['np']} ranks, float32, "
                  f"{result['config'].get('site') or 'this machine'}", fontsize=9)
+    save(fig, ax, path, legend_size=8)
+
+
+def projection_plot(result, line_label, path):
+    """Projected efficiency against N (log scale): ring solid, PS dashed, one line per link rate."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    lines = {}
+    for r in result["rows"]:
+        lines.setdefault((r["link_rate"], line_label(r)), []).append((r["gpus"], 100 * r["efficiency"]))
+    for (rate, label), points in lines.items():
+        ax.plot(*zip(*sorted(points)), marker="o", linestyle="-" if label == "ring" else "--",
+                label=f"{label}, {rate}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("N GPUs (log scale)")
+    ax.set_ylabel("projected efficiency, %")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"Projected scaling efficiency: {result['inputs']['model']}, "
+                 f"{result['inputs']['gpus_per_host']} GPUs per host (α-β model)", fontsize=9)
+    save(fig, ax, path, legend_size=7)
+
+
+def save(fig, ax, path, legend_size):
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

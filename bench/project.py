@@ -137,33 +137,16 @@ def markdown(result):
 
 def write(result, out_dir):
     text = tables.write_report(out_dir, "project", markdown(result), CSV_KEYS, result)
-    efficiency_plot(result, os.path.join(out_dir, "project_efficiency.png"))
+    from ringtrain.bench import plots
+    plots.projection_plot(result, line_label, os.path.join(out_dir, "project_efficiency.png"))
     return text
 
 
-def efficiency_plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 5))
-    lines = {}
-    for r in result["rows"]:
-        label = f"{r['mode']}" + (" P=1" if r["num_ps"] == 1 else " P=N/4" if r["num_ps"] and r["num_ps"] == max(
-            1, r["gpus"] // 4) and r["num_ps"] != r["gpus"] else " P=N" if r["num_ps"] else "")
-        lines.setdefault((r["link_rate"], label), []).append((r["gpus"], 100 * r["efficiency"]))
-    for (rate, label), points in lines.items():
-        ax.plot(*zip(*sorted(points)), marker="o", linestyle="-" if label == "ring" else "--", label=f"{label}, {rate}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("N GPUs (log scale)")
-    ax.set_ylabel("projected efficiency, %")
-    ax.set_ylim(0, 105)
-    ax.set_title(f"Projected scaling efficiency: {result['inputs']['model']}, "
-                 f"{result['inputs']['gpus_per_host']} GPUs per host (α-β model)", fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def line_label(r):
+    """ring, or ps-sync with P named against N (P = 1, N/4, N)."""
+    if not r["num_ps"]:
+        return r["mode"]
+    return r["mode"] + {1: " P=1", r["gpus"]: " P=N"}.get(r["num_ps"], " P=N/4")
 
 
 def fits_from(path, ranks=None):
