@@ -1,6 +1,7 @@
 """Where the bench runs its launches: this machine, the hosts of a hostfile,
-the nodes of the SLURM allocation it runs in, or a simulated cluster (multihost.simcluster) that it brings up and tears
-down itself, with links of a given rate.
+the nodes of the SLURM allocation it runs in, or a simulated cluster
+(multihost.simcluster) that it brings up and tears down itself, with links
+of a given rate.
 
 Launchers start on the first host (on a simulated cluster: inside h1), and
 N ranks fill the hosts' slots in order, as mpirun does. With a time
