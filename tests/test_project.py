@@ -85,3 +85,14 @@ def test_the_command_writes_its_tables_plot_and_page(tmp_path):
     assert math.isclose(result["inputs"]["step_ms"], 64 / 154 * 1e3)
     for name in ("project.md", "project.csv", "project_efficiency.png", "report.html"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--alpha-beta", "/nonexistent.json"], "--alpha-beta /nonexistent.json: cannot read it"),
+    (["--link-rate", "fast"], "write tc rates such as 1gbit,10gbit"),
+    (["--model", "mnist_cnn", "--link-rate", "25gbit"], "mnist_cnn has no published step time: give --step-ms"),
+    ([], "one of the arguments --alpha-beta --link-rate is required"),
+])
+def test_bad_input_is_one_line(tmp_path, args, expected):
+    from helpers import assert_one_line_error
+    assert_one_line_error([*BENCH, "project", *args, "--out", str(tmp_path)], expected, code=2)
