@@ -495,9 +495,9 @@ def run_project(args, log):
         at = f" at {args.fit_at} ranks" if args.fit_at else ""
         links = [{"label": "fitted", "source": f"fitted{at} in {args.alpha_beta}", "ring": ring, "ps": ps}]
     else:
-        links = [{"label": rate, "source": f"given, α = {args.latency_us:g} us",
-                  "ring": project.link_fit(rate_bits_per_sec(rate), args.latency_us / 1e6),
-                  "ps": project.link_fit(rate_bits_per_sec(rate), args.latency_us / 1e6)} for rate in args.link_rate]
+        fits = {rate: project.link_fit(rate_bits_per_sec(rate), args.latency_us / 1e6) for rate in args.link_rate}
+        links = [{"label": rate, "source": f"given, α = {args.latency_us:g} us", "ring": fit, "ps": fit}
+                 for rate, fit in fits.items()]
     shapes = allreduce.gradient_shapes(args.model)
     cfg = {"model": args.model, "tensor_bytes": [4 * math.prod(s) for s in shapes], "step_ms": step_ms,
            "placement": args.placement,

@@ -70,7 +70,7 @@ def ps_step_seconds(compute, tensor_bytes, gpus, per_host, num_ps, placement, fi
     hosts = math.ceil(gpus / per_host)
     workers = [i // per_host for i in range(gpus)]
     ps_hosts = [i % hosts for i in range(num_ps)]
-    return stats.ps_step_seconds(compute, compute / 3, compute * 2 / 3, workers, ps_hosts,
+    return stats.ps_step_seconds(compute, *stats.forward_and_backward(compute), workers, ps_hosts,
                                  ps_loads(tensor_bytes, num_ps, placement), fit["alpha_sec"],
                                  fit["beta_sec_per_byte"], sync=True)
 
@@ -91,7 +91,7 @@ def project(cfg):
             base = {"model": cfg["model"], "link_rate": link["label"], "gpus": n,
                     "hosts": math.ceil(n / cfg["gpus_per_host"]), "compute_ms": compute * 1e3}
             exchange = ring_exchange_seconds(nbytes, n, cfg["gpus_per_host"], link["ring"], cfg["intra"])
-            step = compute + max(0.0, exchange - compute * 2 / 3)  # (as stats.ring_step_seconds)
+            step = stats.overlapped_step_seconds(compute, stats.forward_and_backward(compute)[1], exchange)
             rows.append(row(base, "ring", None, step, exchange, compute, cfg["batch_size"], n))
             for p in ps_counts(n):
                 step = ps_step_seconds(compute, cfg["tensor_bytes"], n, cfg["gpus_per_host"], p, cfg["placement"],

@@ -118,7 +118,7 @@ def predicted_step_seconds(mode, summary, compute, fit, ps_fit, site, cfg):
         return None
     simulated = site.get("simulated_gpu_ms")
     busy = simulated / 1e3 * (site.get("dilation") or 1.0) if simulated else compute
-    forward, backward = busy / 3, busy * 2 / 3
+    forward, backward = stats.forward_and_backward(busy)
     nbytes, n = summary.get("gradient_bytes"), summary.get("world_size", 1)
     if mode in ALLREDUCE_MODES and fit and nbytes:
         fit = fit_at(fit, n)

@@ -45,12 +45,22 @@ def link_loads(worker_hosts, ps_hosts, ps_bytes):
     return out, into
 
 
+def forward_and_backward(seconds):
+    """A step's forward and backward passes: a third and two thirds of it."""
+    return seconds / 3, seconds * 2 / 3
+
+
 def ring_step_seconds(compute, backward, nbytes, ranks, alpha, beta):
     """A ring-mode step: Horovod starts each gradient's allreduce as backprop
     produces it, so the allreduce hides behind the backward pass and only
     what outlasts it adds to the compute. (TF's collective mode, whose one
     packed all-reduce waits for the whole backward pass, passes backward=0.)"""
-    return compute + max(0.0, ring_allreduce_seconds(nbytes, ranks, alpha, beta) - backward)
+    return overlapped_step_seconds(compute, backward, ring_allreduce_seconds(nbytes, ranks, alpha, beta))
+
+
+def overlapped_step_seconds(compute, backward, exchange):
+    """A step whose exchange runs behind its backward pass: only what outlasts it shows."""
+    return compute + max(0.0, exchange - backward)
 
 
 def ps_step_seconds(compute, forward, backward, worker_hosts, ps_hosts, ps_bytes, alpha, beta, sync=True):

@@ -14,6 +14,7 @@ from ringtrain.workloads.errors import UsageError, run_cli
 from ringtrain.workloads.outputs import check_outputs
 from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
 
+CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name")  # a task's place: all given, or none under a launcher
 SEED_HOSTS = "--ps_hosts=localhost:2222,localhost:2223 --worker_hosts=localhost:2224,localhost:2225"
 
 TASK_EXAMPLE = f"""\
@@ -60,11 +61,11 @@ def task_parser():
 
 def run_task(argv):
     args = task_parser().parse_args(argv)
-    given = [flag for flag in ("ps_hosts", "worker_hosts", "job_name") if getattr(args, flag)]
+    given = [flag for flag in CLUSTER_FLAGS if getattr(args, flag)]
     if not given and started_by_a_launcher():
         place(args)  # mpirun's or srun's rank decides the task
-    elif len(given) < 3:
-        missing = ", ".join(f"--{flag}" for flag in ("ps_hosts", "worker_hosts", "job_name") if flag not in given)
+    elif len(given) < len(CLUSTER_FLAGS):
+        missing = ", ".join(f"--{flag}" for flag in CLUSTER_FLAGS if flag not in given)
         raise UsageError(f"{missing} missing: a task needs --ps_hosts, --worker_hosts and --job_name (or start "
                          f"every task with mpirun -np P+W or srun, which pick them; or use {PROG} launch)")
     cluster = make_cluster(args.ps_hosts, args.worker_hosts, args.chief_host)
