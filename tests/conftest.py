@@ -1,8 +1,15 @@
 """pytest configuration. Shared helpers live in tests/helpers.py."""
+import signal
+
 import pytest
 
 
 def pytest_configure(config):
+    # A background job of a non-interactive shell (`make test &` in a script) starts with
+    # SIGINT ignored, and every process it starts would inherit that. The tests that press
+    # Ctrl-C on a launcher act as a person at a terminal, so SIGINT gets its usual handler.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line("markers", "slow: starts a launcher, trains, builds a cluster or runs a bench "
                                        "(`pytest -m 'not slow'`, `make test-quick`, is the rest: under a minute)")
 
