@@ -11,7 +11,7 @@ from ringtrain.bench import expectations
 from ringtrain.bench.publish import publish
 from ringtrain.workloads.errors import UsageError, run_cli
 from ringtrain.workloads.flags import (OneLineParser, finite_float, image_shape, model_name, non_negative_float,
-                                      positive_float, positive_int)
+                                      non_negative_int, positive_float, positive_int)
 from ringtrain.workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS, knob_env
 from ringtrain.workloads.outputs import check_outputs
 
@@ -33,6 +33,7 @@ EXAMPLES = """examples:
   your own model: what it sends per step, and a profile file that the simulated accelerator trains on:
   ringtrain-bench profile --model keras:ResNet50 --image-shape 224x224x3 --num-classes 1000 --step-ms 292 --out r50.json
   ringtrain-bench scaling --cluster 4 --model r50.json --np 1,2,4 --out r
+  ringtrain-bench parity --model keras:ResNet50 --np 2 --rounds 3 --out r   # against a plain Horovod script
 
   past this machine: the α-β model at 8..512 GPUs, 4 a host, ring against PS (nothing runs):
   ringtrain-bench project --model resnet101 --gpus-per-host 4 --link-rate 25gbit --out r
@@ -226,6 +227,15 @@ def add_run_flags(p, np_type, np_default, np_help, timeout, model_help="default 
     add_output_flags(p)
 
 
+def keras_application(text):
+    """parity's --model: the plain script builds keras.applications networks only."""
+    from ringtrain.workloads.user_models import KERAS_PREFIX
+    if not text.startswith(KERAS_PREFIX) or not text[len(KERAS_PREFIX):].isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r}: the plain Horovod script builds keras.applications "
+                                         "networks: give keras:NAME, e.g. keras:ResNet50")
+    return text
+
+
 def add_output_flags(p):
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--expect", type=expectations.parse, action="append", default=[],
@@ -311,6 +321,23 @@ def parser():
                     help="the most TF's gRPC moves per host and direction, e.g. as measured by "
                          "ringtrain-bench allreduce on one machine (default: no limit but the link)")
     add_output_flags(pj)
+    pa = sub.add_parser("parity", help="ringtrain against a plain Horovod script (examples/plain_horovod.py) "
+                        "on the same Keras Applications network, batch and threads, in alternating rounds", **common)
+    pa.add_argument("--model", default="keras:ResNet50", type=keras_application, metavar="keras:NAME",
+                    help="a keras.applications network (default %(default)s)")
+    pa.add_argument("--np", type=positive_int, default=2, metavar="N", help="ranks, under mpirun (default 2)")
+    pa.add_argument("--image-shape", type=image_shape, default=(32, 32, 3), metavar="HxWxC",
+                    help="random images of this shape (default 32x32x3)")
+    pa.add_argument("--batch-size", type=positive_int, default=16, metavar="B", help="per rank (default 16)")
+    pa.add_argument("--steps", type=positive_int, default=30, help="per run, the warm-up included (default 30)")
+    pa.add_argument("--warmup-steps", type=non_negative_int, default=5, metavar="K",
+                    help="not timed (default 5)")
+    pa.add_argument("--lr", type=positive_float, default=0.01, help="SGD's, in both (default 0.01)")
+    pa.add_argument("--rounds", type=positive_int, default=3, help="alternating rounds (default 3)")
+    pa.add_argument("--threads", type=positive_int, default=1, metavar="T",
+                    help="TF threads per rank (default 1)")
+    pa.add_argument("--timeout", type=positive_float, default=600, metavar="SEC", help="per run (default 600)")
+    add_output_flags(pa)
     pr = sub.add_parser("profile", help="a model's parameters, gradient bytes and tensors, one step timed here, "
                         "and a gradient profile FILE.json for --model", **common)
     pr.add_argument("--model", required=True, type=model_name, metavar="NAME",
@@ -482,6 +509,19 @@ def run_allreduce(args, np_list, log):
     return result
 
 
+def run_parity(args, log):
+    from ringtrain.bench import parity
+    if args.steps <= args.warmup_steps:
+        raise UsageError(f"--steps {args.steps} leaves no step to time after {args.warmup_steps} warm-up "
+                         "steps: give more --steps or fewer --warmup-steps")
+    cfg = {"model": args.model, "np": args.np, "image_shape": list(args.image_shape), "batch_size": args.batch_size,
+           "steps": args.steps, "warmup_steps": args.warmup_steps, "lr": args.lr, "rounds": args.rounds,
+           "threads": args.threads, "timeout": args.timeout}
+    result = parity.run(cfg, args.out, log=log)
+    print(parity.markdown(result), end="", flush=True)
+    return result
+
+
 def run_project(args, log):
     from ringtrain.bench import allreduce, project
     from ringtrain.multihost.simcluster import rate_bits_per_sec
@@ -542,6 +582,8 @@ def _main(argv):
             run_tradeoff(args, log)
         elif args.command == "project":
             run_project(args, log)
+        elif args.command == "parity":
+            run_parity(args, log)
         else:
             run_allreduce(args, [2 if max(args.np) < 2 else max(args.np)], log)
             run_scaling(args, log)

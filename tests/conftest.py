@@ -12,6 +12,8 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line("markers", "slow: starts a launcher, trains, builds a cluster or runs a bench "
                                        "(`pytest -m 'not slow'`, `make test-quick`, is the rest: under a minute)")
+    config.addinivalue_line("markers", "alone: measures time or CPU, so `make test` runs it by itself, after "
+                                       "the others have run two at a time")
 
 
 @pytest.fixture(scope="session")
@@ -26,8 +28,16 @@ def cluster():
         simcluster.check_can_build()
     except UsageError as e:
         pytest.skip(f"no simulated cluster here: {e}")
-    name = f"rtt{os.getpid() % 100000}"
-    built = simcluster.up(name, 3, simcluster.Link("10gbit"), log=lambda line: None)
+    built = None
+    for attempt in range(8):  # another pytest worker's cluster may hold this name's subnet
+        name = f"rtt{os.getpid() % 100000}{'abcdefgh'[attempt]}"
+        try:
+            built = simcluster.up(name, 3, simcluster.Link("10gbit"), log=lambda line: None)
+            break
+        except UsageError as e:
+            if "already uses" not in str(e):
+                raise
+    assert built, "no free subnet for a test cluster"
     try:
         yield built
     finally:

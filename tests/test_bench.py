@@ -266,9 +266,10 @@ def test_scaling_writes_table_csv_json_and_plots_with_every_column(tmp_path):
 
 
 def test_every_column_header_is_defined_in_columns_md():
-    from ringtrain.bench import allreduce, convergence, straggler
+    from ringtrain.bench import allreduce, convergence, parity, straggler
     doc = open(os.path.join(os.path.dirname(scaling_report.__file__), "COLUMNS.md")).read()
-    for _, header in scaling_report.COLUMNS + allreduce.COLUMNS + straggler.COLUMNS + convergence.COLUMNS:
+    for _, header in (scaling_report.COLUMNS + allreduce.COLUMNS + straggler.COLUMNS + convergence.COLUMNS
+                      + parity.COLUMNS):
         assert f"| {header} |" in doc, header
 
 

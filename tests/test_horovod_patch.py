@@ -40,6 +40,7 @@ def idle_cpu(loop, gloo=False):
     return [r["cpu_pct"] for r in lines]
 
 
+@pytest.mark.alone
 def test_an_idle_rank_spends_no_cpu_in_horovods_background_thread():
     upstream = idle_cpu("0")  # measured in this run, for the record
     event, gloo = idle_cpu("1"), idle_cpu("1", gloo=True)

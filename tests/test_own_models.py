@@ -82,6 +82,22 @@ def test_keras_resnet50_trains_under_mpirun_with_statistics_kept_per_rank(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_parity_runs_ringtrain_and_the_plain_horovod_script_side_by_side(tmp_path):
+    """`ringtrain-bench parity`, one tiny round: both under mpirun -np 2 on the
+    same network; their images/s and the ratio of the two in the report."""
+    out = run_ok([*BENCH, "parity", "--model", "keras:MobileNetV3Small", "--batch-size", "4", "--steps", "4",
+                  "--warmup-steps", "1", "--rounds", "1", "--out", str(tmp_path)], timeout=360)
+    result = json.loads((tmp_path / "parity.json").read_text())
+    [row] = result["rows"]
+    assert row["plain_images_per_sec"] > 0 and row["ringtrain_images_per_sec"] > 0
+    assert row["ratio"] == pytest.approx(row["ringtrain_images_per_sec"] / row["plain_images_per_sec"])
+    ours = json.loads((tmp_path / "runs" / "ringtrain-r1.json").read_text())
+    assert ours["model"] == "keras:MobileNetV3Small" and ours["world_size"] == 2 and ours["timed_samples"] == 2 * 4 * 3
+    assert "ringtrain ÷ plain" in out and "ringtrain ÷ plain" in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_factory_trains_under_tf2_parameter_servers():
     out = run_ok([os.path.join(BIN, "ps-baseline"), "launch", "--api", "tf2", "--num-ps", "1", "--num-workers", "2",
@@ -135,6 +151,7 @@ SLOW = pytest.mark.slow
      "use --placement round_robin"),
     (["ps-baseline", "launch", "--api", "tf2", "--model", "my_model:small_cnn", "--sync-batch-norm"],
      "--sync-batch-norm needs workers that train one global batch together"),
+    (["ringtrain-bench", "parity", "--model", "resnet50", "--out", "/tmp/never"], "give keras:NAME"),
 ])
 def test_bad_model_input_is_one_line(args, expected):
     assert_one_line_error([os.path.join(BIN, args[0]), *args[1:]], expected, within=30, env=EXAMPLES_ENV)

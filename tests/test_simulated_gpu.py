@@ -16,6 +16,7 @@ def test_profiles_have_the_published_parameter_counts():
     assert count(profiles.vgg16()) == 138_357_544
 
 
+@pytest.mark.alone
 def test_a_simulated_step_waits_without_using_the_cpu_and_gradients_keep_their_shapes():
     from ringtrain.workloads.tfenv import import_tensorflow_quietly
     tf = import_tensorflow_quietly()

@@ -94,6 +94,7 @@ def test_async_staleness_is_a_histogram_with_percentiles():
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
+@pytest.mark.alone
 def test_a_3x_straggler_slows_ring_and_sync_ps_but_not_async_ps(tmp_path):
     out = run_bench(["straggler", "--np", "2", "--factors", "3", "--modes", "ring,ps-sync,ps-async",
                  "--model", "mnist_mlp", "--steps", "20", "--simulate-gpu", "30", "--out", str(tmp_path)], 400)
