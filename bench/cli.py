@@ -227,6 +227,13 @@ def add_run_flags(p, np_type, np_default, np_help, timeout, model_help="default 
     add_output_flags(p)
 
 
+def check_timed_steps(args):
+    """--steps must leave a step to time after the warm-up."""
+    if args.steps <= args.warmup_steps:
+        raise UsageError(f"--steps {args.steps} leaves no step to time after {args.warmup_steps} warm-up "
+                         "steps: give more --steps or fewer --warmup-steps")
+
+
 def keras_application(text):
     """parity's --model: the plain script builds keras.applications networks only."""
     from ringtrain.workloads.user_models import KERAS_PREFIX
@@ -441,9 +448,7 @@ def scaling_config(args):
             not simulated_step_ms(args.model, args.simulate_gpu):
         raise UsageError("--time-dilation slows the simulated accelerator with the links: add --simulate-gpu MS "
                          "(or use resnet50, resnet101 or vgg16)")
-    if args.steps <= args.warmup_steps:
-        raise UsageError(f"--steps {args.steps} leaves no step to time after {args.warmup_steps} warm-up "
-                         "steps: give more --steps or fewer --warmup-steps")
+    check_timed_steps(args)
     return {"modes": args.modes, "np": args.np, "model": args.model, "data": args.data,
             "data_dir": args.data_dir, "batch_size": args.batch_size, "scaling": args.scaling,
             "global_batch": args.global_batch, "steps": args.steps, "warmup_steps": args.warmup_steps,
@@ -458,9 +463,7 @@ def tradeoff_config(args):
     """The trainers' settings for `straggler` and `convergence`, checked."""
     from ringtrain.workloads.catalog import model_spec
     model_spec(args.model)
-    if args.steps <= args.warmup_steps:
-        raise UsageError(f"--steps {args.steps} leaves no step to time after {args.warmup_steps} warm-up "
-                         "steps: give more --steps or fewer --warmup-steps")
+    check_timed_steps(args)
     cfg = {"modes": args.modes, "np": args.np, "model": args.model, "data": args.data, "data_dir": args.data_dir,
            "batch_size": args.batch_size, "steps": args.steps, "warmup_steps": args.warmup_steps,
            "threads": args.threads, "optimizer": args.optimizer, "repeats": args.repeats,
@@ -511,9 +514,7 @@ def run_allreduce(args, np_list, log):
 
 def run_parity(args, log):
     from ringtrain.bench import parity
-    if args.steps <= args.warmup_steps:
-        raise UsageError(f"--steps {args.steps} leaves no step to time after {args.warmup_steps} warm-up "
-                         "steps: give more --steps or fewer --warmup-steps")
+    check_timed_steps(args)
     cfg = {"model": args.model, "np": args.np, "image_shape": list(args.image_shape), "batch_size": args.batch_size,
            "steps": args.steps, "warmup_steps": args.warmup_steps, "lr": args.lr, "rounds": args.rounds,
            "threads": args.threads, "timeout": args.timeout}
