@@ -15,6 +15,7 @@ EXAMPLES = """examples (as root):
   ringtrain-cluster exec h1 -- horovodrun --gloo -H h1:1,h2:1,h3:1 ringtrain --steps 30
   ringtrain-cluster exec h1 -- mpirun --hostfile "$(ringtrain-cluster hostfile)" ringtrain --steps 30
   ringtrain-cluster exec h1 -- ps-baseline launch --hostfile "$(ringtrain-cluster hostfile)" --num-ps 1 --num-workers 3 --sync
+  ringtrain-cluster crash h3                    # a dead host, mid-job
   ringtrain-cluster down
 
   ringtrain-cluster up --hosts 3 --slurm         # and a SLURM: slurmctld on h1, slurmd on each host
@@ -49,6 +50,9 @@ def parser():
     sub.add_parser("down", help="remove every namespace, interface, process, file and route of the cluster")
     sub.add_parser("status", help="the hosts, their addresses and sshd; exit 1 if the cluster is not up")
     sub.add_parser("hostfile", help="print the path of an OpenMPI hostfile of the hosts (hK slots=1)")
+    c = sub.add_parser("crash", help="pull a host's plug, to see a job survive or end: its link goes silent "
+                                     "and every process on it is killed (bring it back with down, then up)")
+    c.add_argument("host", help="h1..hN")
     e = sub.add_parser("exec", help="run a command on a host, in the caller's directory, with the caller's PATH")
     e.add_argument("host", help="h1..hN")
     e.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ...")
@@ -65,6 +69,9 @@ def _main(argv):
     elif args.command == "status":
         for line in simcluster.status_lines(simcluster.load(args.name)):
             print(line)
+    elif args.command == "crash":
+        simcluster.crash(simcluster.load(args.name), args.host)
+        print(f"ringtrain-cluster: {args.host} of {args.name} is down: its link is silent and its processes are killed")
     elif args.command == "hostfile":
         print(simcluster.load(args.name).hostfile)
     else:

@@ -17,6 +17,7 @@ PID is the host's handle, and `down` ends every process in a host's
 network namespace.
 """
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -190,8 +191,38 @@ def sh(*argv, check=True):
     return done
 
 
+_held = 0
+
+
+@contextlib.contextmanager
+def _one_at_a_time():
+    """Clusters come and go one at a time on this machine. `down` of the last
+    cluster removes what all of them share (the state folder, sshd's
+    privilege-separation directory): done while another `up` is half way, it
+    took that cluster's files, and its sshd died at start. The lock is on /run
+    itself, so that it leaves no file behind."""
+    global _held
+    if _held:  # (up calls down)
+        _held += 1
+    else:
+        fd = os.open("/run", os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _held = 1
+    try:
+        yield
+    finally:
+        _held -= 1
+        if not _held:
+            os.close(fd)  # (closing releases the lock)
+
+
 def up(name, hosts, link, log=print, slurm=False):
     """Build the cluster (and, with slurm, start SLURM on it: multihost/slurm.py)."""
+    with _one_at_a_time():
+        return _up(name, hosts, link, log, slurm)
+
+
+def _up(name, hosts, link, log, slurm):
     check_name(name)
     check_link(link)
     if not 1 <= hosts <= 32:
@@ -297,7 +328,10 @@ def _write_ssh_files(cluster):
             f.write(f"Host *\n  User root\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
                     f"  UserKnownHostsFile {os.path.join(state, 'known_hosts')}\n"
                     "  GlobalKnownHostsFile /dev/null\n  StrictHostKeyChecking yes\n  BatchMode yes\n"
-                    "  LogLevel ERROR\n")
+                    # A dead host sends nothing back, not even a reset: without these, the ssh that
+                    # holds mpirun's daemon there waits forever, and so does mpirun.
+                    "  ServerAliveInterval 5\n  ServerAliveCountMax 3\n"
+                    "")
 
 
 def _sshd_config(cluster, host, hostdir):
@@ -390,6 +424,14 @@ def _is_our_sshd(cluster, host):
         return False
 
 
+def crash(cluster, host_name):
+    """Pull a host's plug: its link goes silent (no reply, not even a reset)
+    and every process on it, sshd too, is killed, as in a power failure."""
+    host = cluster.host(host_name)
+    sh("ip", "-n", cluster.switch, "link", "set", host.name, "down")
+    _end_processes(host.netns, signals=(signal.SIGKILL,))
+
+
 def processes_in(netns):
     """PIDs of every process in the named network namespace."""
     try:
@@ -406,8 +448,8 @@ def processes_in(netns):
     return pids
 
 
-def _end_processes(netns):
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def _end_processes(netns, signals=(signal.SIGTERM, signal.SIGKILL)):
+    for sig in signals:
         pids = processes_in(netns)
         for pid in pids:
             try:
@@ -422,6 +464,11 @@ def _end_processes(netns):
 def down(name, quiet=False, log=print):
     """Remove every process, namespace, interface, file and route `up` made;
     also what a crashed `up` left (found by name, not only by the state file)."""
+    with _one_at_a_time():
+        _down(name, quiet, log)
+
+
+def _down(name, quiet, log):
     check_name(name)
     ours = re.compile(rf"^{re.escape(name)}-(h\d+|sw)$")
     namespaces = [line.split()[0] for line in sh("ip", "netns", "list", check=False).stdout.splitlines()

@@ -16,11 +16,10 @@ def pytest_configure(config):
                                        "the others have run two at a time")
 
 
-@pytest.fixture(scope="session")
-def cluster():
-    """A simulated cluster of 3 hosts (multihost.simcluster), built on first
-    use and torn down at the end of the test run; skipped, with the reason,
-    where network namespaces cannot be made."""
+def _three_hosts(prefix):
+    """A simulated cluster of 3 hosts (multihost.simcluster), torn down when
+    its user is done; skipped, with the reason, where network namespaces
+    cannot be made."""
     import os
     from ringtrain.multihost import simcluster
     from ringtrain.workloads.errors import UsageError
@@ -30,7 +29,7 @@ def cluster():
         pytest.skip(f"no simulated cluster here: {e}")
     built = None
     for attempt in range(8):  # another pytest worker's cluster may hold this name's subnet
-        name = f"rtt{os.getpid() % 100000}{'abcdefgh'[attempt]}"
+        name = f"{prefix}{os.getpid() % 100000}{'abcdefgh'[attempt]}"
         try:
             built = simcluster.up(name, 3, simcluster.Link("10gbit"), log=lambda line: None)
             break
@@ -42,3 +41,15 @@ def cluster():
         yield built
     finally:
         simcluster.down(name, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """3 hosts, built on first use and shared by the test run."""
+    yield from _three_hosts("rtt")
+
+
+@pytest.fixture
+def cluster_to_crash():
+    """3 hosts for one test that may pull a host's plug (simcluster.crash)."""
+    yield from _three_hosts("rtc")

@@ -1,7 +1,7 @@
 """Across hosts, on a simulated cluster of network-namespace hosts (h1..h3,
 each with its own hostname, address and sshd) that the test run builds and
 tears down: ring under every launcher, PS sync and async (by `launch` and by
-mpirun), a task killed on a remote host, the classic distributed-TensorFlow tutorials' per-terminal commands, and `down` itself."""
+mpirun), a task killed and a host crashed, the classic distributed-TensorFlow tutorials' per-terminal commands, and `down` itself."""
 import os
 import signal
 import subprocess
@@ -138,6 +138,28 @@ def test_a_task_killed_under_mpirun_ends_the_job_and_its_rank_names_the_task(clu
         log = tasks.log("mpirun")
         assert ", 2 worker:1 (h3:" in log  # our line: rank 2 is worker 1 ...
         assert "process rank 2 with PID" in log and "on node h3 exited on signal 9" in log  # ... mpirun's banner
+    assert_no_process_left_on_any_host(cluster)
+
+
+@pytest.mark.parametrize("launcher", ["launch", "mpirun"])
+def test_a_dead_host_ends_the_job_with_a_line_naming_it(cluster_to_crash, tmp_path, launcher):
+    """h3 loses power mid-job: its link goes silent and all its processes die.
+    launch: a worker names the PS task that stopped answering. mpirun: the ssh
+    that held mpirun's daemon on h3 gives up (ServerAliveInterval) and names it."""
+    cluster = cluster_to_crash
+    if launcher == "launch":  # ps1 on h3
+        argv, named = ps_launch(cluster, "--num-ps", "2", "--num-workers", "2", "--sync", "--steps", "100000",
+                                *TINY), "ps task 1 at h3:"
+    else:  # rank 2, worker 1, on h3
+        argv, named = ps_mpirun(cluster, "--sync", "--steps", "100000", *TINY), "Timeout, server h3 not responding."
+    with Tasks(str(tmp_path)) as tasks:
+        tasks.start(launcher, argv)
+        tasks.wait_for_text(launcher, "worker 1: epoch 1 step 5/", timeout=120)
+        simcluster.crash(cluster, "h3")
+        crashed = time.monotonic()
+        assert tasks.wait(launcher, 90) != 0
+        assert time.monotonic() - crashed < 45
+        assert named in tasks.log(launcher), tasks.log(launcher)[-3000:]
     assert_no_process_left_on_any_host(cluster)
 
 
