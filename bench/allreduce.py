@@ -11,6 +11,9 @@ Implementations (rows):
   horovod-mpi-upstream* the same three with Horovod's upstream background loop (a coordination
                        round every cycle), against ringtrain's event-driven one (patch 0004)
   horovod-gloo*        the same three under horovodrun --gloo
+  tf-ring              TF's own collective all-reduce (MultiWorkerMirroredStrategy, RING), as
+                       `ringtrain --backend tf-collective` trains: k of them chained in one call
+  tf-ring-grads        the model's gradient tensors in one all-reduce, packed as TF packs a step's
   grpc-ps              not an allreduce: one push of S bytes to a PS variable and one pull
                        back, over TF's gRPC (bench.grpc_exchange); the PS rows' alpha-beta fit
   memcpy               np.copyto on every rank at once: the bound (see COLUMNS.md)
@@ -33,8 +36,10 @@ IMPL_ORDER = ["mpi4py", "mpi-ring", "mpi-segmented_ring", "mpi-rabenseifner", "m
               "mpi-default", "ring", "horovod-mpi", "horovod-mpi-eager", "horovod-mpi-grads",
               "horovod-mpi-upstream", "horovod-mpi-upstream-eager", "horovod-mpi-upstream-grads",
               "horovod-mpi-cycle0.1ms", "horovod-mpi-cycle0.1ms-eager", "horovod-mpi-cycle0.1ms-grads",
-              "horovod-gloo", "horovod-gloo-eager", "horovod-gloo-grads", "grpc-ps", "memcpy"]
+              "horovod-gloo", "horovod-gloo-eager", "horovod-gloo-grads", "tf-ring", "tf-ring-grads", "grpc-ps",
+              "memcpy"]
 FIT_IMPL = "horovod-mpi"  # the ring rows' alpha-beta model: Horovod as training calls it
+TF_FIT_IMPL = "tf-ring"   # the TF collective rows': TF's own ring, as training calls it
 PS_FIT_IMPL = "grpc-ps"   # the PS rows' alpha-beta model: TF's gRPC push and pull
 GRPC_MAX_BYTES = 128 << 20  # gRPC moves ~1 GB/s here: larger sizes only cost minutes
 COLUMNS = [("impl", "impl"), ("ranks", "ranks"), ("size", "size"), ("count", "count"), ("type", "type"),
@@ -57,7 +62,7 @@ def busbw_factor(ranks):
 
 def run(np_list, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=True, horovod_env=None,
         timeout=900, log=print, compare_cycle_ms=None, site=None, mpi_algorithms=(), horovod=True,
-        compare_upstream_loop=False):
+        compare_upstream_loop=False, tf=True):
     """Launch the workers for each rank count, gather their rows, write allreduce.{json,md,png}."""
     site = site or sites.this_machine()
     os.makedirs(out_dir, exist_ok=True)
@@ -71,7 +76,7 @@ def run(np_list, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=Tru
     rows = []
     for name, cmd, env in launches(np_list, common, knobs, compare_cycle_ms, gloo, horovod, site, mpi_algorithms,
                                    [s for s in all_sizes if s <= GRPC_MAX_BYTES], trials, warmup,
-                                   compare_upstream_loop):
+                                   compare_upstream_loop, tf):
         part = os.path.join(out_dir, f"allreduce-{name}.rank0.json")
         logf = os.path.join(out_dir, f"allreduce-{name}.log")
         log(f"ringtrain-bench: allreduce over {name}: {' '.join(cmd[:6])} ... (log {logf})")
@@ -85,7 +90,7 @@ def run(np_list, sizes, out_dir, model="mnist_cnn", trials=5, warmup=3, gloo=Tru
     result.update({"config": {"np": list(np_list), "sizes": all_sizes, "model": model,
                               "gradient_bytes": grad_bytes, "gradient_shapes": shapes,
                               "trials": trials, "warmup_ops_excluded": warmup, "gloo": gloo,
-                              "horovod_env": knobs, "site": site.label, "link_rate": site.link_rate,
+                              "horovod_env": knobs, "tf": tf, "site": site.label, "link_rate": site.link_rate,
                               "time_dilation": site.dilation, "mpi_algorithms": list(mpi_algorithms)},
                    "environment": dict(environment, load_average_at_end=list(os.getloadavg()))})
     write(result, out_dir)
@@ -103,8 +108,8 @@ def refuse_wrong(result, out_dir):
 
 
 def launches(np_list, common, knobs, compare_cycle_ms, gloo, horovod, site, mpi_algorithms, grpc_sizes,
-             trials, warmup, compare_upstream_loop=False):
-    """(name, command, extra env) of each launch. Raw MPI rows and Horovod rows are
+             trials, warmup, compare_upstream_loop=False, tf=True):
+    """(name, command, extra env) of each launch. Raw MPI, Horovod and TF rows are
     separate launches: Horovod's background thread would slow MPI calls beside it."""
     python = [sys.executable, "-m", "ringtrain.bench.allreduce_worker"]
     cores = usable_cores()
@@ -144,6 +149,9 @@ def launches(np_list, common, knobs, compare_cycle_ms, gloo, horovod, site, mpi_
             out.append((f"gloo{tag}", launch.horovodrun(
                 n, python + ["--impls", "horovod", "--horovod-label", "gloo"] + common, gloo=True,
                 hosts=hosts), knobs))
+        if tf:  # mpirun only starts the workers; TF's gRPC carries the all-reduce
+            out.append((f"tf{tag}", launch.mpirun(n, python + ["--impls", "tf-collective"] + common, cores,
+                                                  hosts=hosts), {}))
     ps_host = site.hosts_for(2)[1] if site.across_hosts and len(site.hosts_for(2)) > 1 else "localhost"
     out.append(("grpc", [sys.executable, "-m", "ringtrain.bench.grpc_exchange", "--sizes", ",".join(map(str, grpc_sizes)),
                          "--trials", str(trials), "--warmup", str(warmup), "--ps-host", ps_host], {}))
@@ -204,7 +212,7 @@ def summarise(rows, knobs, compare_cycle_ms=None, across_hosts=False):
             if fit and (key == impl or len({p[1] for p in pts}) > 1):
                 fits[key] = fit
     return {"rows": out, "alpha_beta": fits, "alpha_beta_used_for_predictions": FIT_IMPL,
-            "alpha_beta_used_for_ps_predictions": PS_FIT_IMPL}
+            "alpha_beta_used_for_tf_predictions": TF_FIT_IMPL, "alpha_beta_used_for_ps_predictions": PS_FIT_IMPL}
 
 
 def markdown(result):
@@ -239,15 +247,15 @@ def markdown(result):
 
 
 def at_gradient_size(result):
-    """Horovod's busbw as % of raw MPI's at the model's gradient size, per loop."""
+    """Horovod's and TF's busbw as % of raw MPI's at the model's gradient size."""
     size = result["config"].get("gradient_bytes")
     lines = [f"- {r['impl']}, {r['world_size']} ranks: {r['pct_of_mpi_busbw']:.0f} % of raw MPI_Allreduce busbw"
-             for r in result["rows"] if r["bytes"] == size and r["impl"].startswith("horovod-mpi")
+             for r in result["rows"] if r["bytes"] == size and r["impl"].startswith(("horovod-mpi", "tf-ring"))
              and not r["impl"].endswith("-eager") and r["pct_of_mpi_busbw"] is not None]
     if not lines:
         return ""
-    return (f"\nHorovod at the gradient size ({tables.human_bytes(size)}; -grads: the model's tensors, "
-            "fused as in training):\n\n" + "\n".join(lines) + "\n")
+    return (f"\nAt the gradient size ({tables.human_bytes(size)}; -grads: the model's tensors, "
+            "fused by Horovod or packed by TF, as in training):\n\n" + "\n".join(lines) + "\n")
 
 
 def write(result, out_dir):

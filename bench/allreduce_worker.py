@@ -2,6 +2,7 @@
 
     mpirun -np 2 python -m ringtrain.bench.allreduce_worker --impls mpi4py,ring,memcpy --sizes 4096,1048576 --out rank.json
     mpirun -np 2 python -m ringtrain.bench.allreduce_worker --impls horovod --sizes 4096,1048576 --out rank.json
+    mpirun -np 2 python -m ringtrain.bench.allreduce_worker --impls tf-collective --sizes 4096,1048576 --out rank.json
     horovodrun --gloo -np 2 -H localhost:2 python -m ringtrain.bench.allreduce_worker --impls horovod ...
 
 Every timed number is the slowest rank's mean time per operation over a trial
@@ -125,6 +126,7 @@ class HorovodRuns:
         import horovod.tensorflow as hvd  # (the launch sets the MPI environment ringtrain trains with)
         self.hvd, self.label = hvd, label
         hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
 
         @step_function
         def chained(x, k):
@@ -186,16 +188,82 @@ class HorovodRuns:
                                         name="bench.total").numpy()[0])
 
 
+class TFCollectiveRuns:
+    """TF's own collective all-reduce as `ringtrain --backend tf-collective`
+    trains: MultiWorkerMirroredStrategy with TF's RING, the workers' cluster
+    made from mpirun's ranks. k all-reduces chain in a tf.while_loop around
+    strategy.run, in one call (as Keras's steps_per_execution loops do), so
+    TF's per-call dispatch is not charged to them. The loop's barriers and
+    maxima are the training mode's own agreement (ringtrain.collective)."""
+
+    def __init__(self):
+        from ringtrain import collective
+        from ringtrain.multihost.slurm_step import DEFAULT_PORT_BASE
+        from ringtrain.workloads.tfenv import import_tensorflow_quietly, set_threads, step_function
+        self.rank, workers = collective.cluster(DEFAULT_PORT_BASE)  # (TF_CONFIG from the ranks)
+        tf = self.tf = import_tensorflow_quietly()
+        set_threads(1)
+        self.size = len(workers)
+        strategy = collective.connect(tf, "RING")
+        self.agree = collective.CollectiveAgreement(tf, strategy, self.rank, self.size)
+        # (tf.identity: the all-reduce takes its device from its input's, made in the replica)
+        average = lambda *values: tuple(tf.distribute.get_replica_context().all_reduce(
+            "MEAN", [tf.identity(v) for v in values]))
+
+        @step_function
+        def chained(tensors, k):
+            # all of a call's tensors go in one all-reduce, packed as TF packs a step's gradients
+            out = tf.while_loop(lambda i, *v: i < k, lambda i, *v: (i + 1,) + strategy.run(average, args=v),
+                                (tf.constant(0),) + tuple(tensors))[1:]
+            return tf.stack([tf.reshape(t, [-1])[0] for t in out]), out
+
+        self.chained = chained
+
+    def _run(self, tensors):
+        last = {}
+
+        def run(k):
+            first, last["out"] = self.chained(tensors, self.tf.constant(k))
+            return first.numpy()
+        return run, last
+
+    def runs(self, nbytes):
+        count = nbytes // 4
+        run, last = self._run([self.tf.constant(filled(count, self.rank))])
+        want = expected(count, self.size, "average")
+        return {"tf-ring": (run, lambda: wrong_elements(last["out"][0].numpy(), want))}
+
+    def grads_run(self, shapes):
+        tf = self.tf
+        run, last = self._run([tf.constant(filled(int(np.prod(s)), self.rank).reshape(s)) for s in shapes])
+        want = [expected(int(np.prod(s)), self.size, "average") for s in shapes]
+        return {"tf-ring-grads": (run, lambda: sum(wrong_elements(g.numpy(), w) for g, w in zip(last["out"], want)))}
+
+    def barrier(self):
+        self.agree.sum([0.0])
+
+    def slowest(self, t):
+        return max(self.agree.gather(t))
+
+    def mean(self, x):
+        return self.agree.sum([x])[0] / self.size
+
+    def total(self, x):
+        return self.agree.sum([x])[0]
+
+
 def measure(impls, sizes, trials, warmup, grad_shapes, label, mpi_label="mpi4py"):
-    """Rows for the requested implementations. Raw MPI rows and Horovod rows
-    come from separate launches: Horovod's background thread runs a collective
-    every cycle, which would slow MPI calls made beside it in the same process.
-    Within a launch, all implementations of a size are timed in interleaved trials."""
-    if "horovod" in impls:
-        horovod = HorovodRuns(label)
-        barrier, slowest, mean, total = horovod.barrier, horovod.slowest, horovod.mean, horovod.total
-        world, rank = horovod.hvd.size(), horovod.hvd.rank()
-        runs_at = horovod.runs
+    """Rows for the requested implementations. Raw MPI rows, Horovod rows and
+    TF's rows come from separate launches: Horovod's background thread runs a
+    collective every cycle, which would slow MPI calls made beside it in the
+    same process. Within a launch, all implementations of a size are timed in
+    interleaved trials."""
+    framework = HorovodRuns(label) if "horovod" in impls else TFCollectiveRuns() if "tf-collective" in impls \
+        else None
+    if framework:
+        barrier, slowest, mean, total = framework.barrier, framework.slowest, framework.mean, framework.total
+        world, rank = framework.size, framework.rank
+        runs_at = framework.runs
     else:
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
@@ -210,9 +278,9 @@ def measure(impls, sizes, trials, warmup, grad_shapes, label, mpi_label="mpi4py"
         timed, wire, wrong = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest, mean, total)
         rows += [row(mpi_label if impl == "mpi4py" else impl, nbytes, timed[impl], world, iterations(nbytes),
                      wire[impl], wrong[impl]) for impl in runs]
-    if "horovod" in impls and grad_shapes:
+    if framework and grad_shapes:
         nbytes = 4 * sum(int(np.prod(s)) for s in grad_shapes)
-        runs = horovod.grads_run(grad_shapes)
+        runs = framework.grads_run(grad_shapes)
         timed, wire, wrong = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest, mean, total)
         rows += [row(name, nbytes, timed[name], world, iterations(nbytes), wire[name], wrong[name],
                      note=f"{len(grad_shapes)} gradient tensors of the model, Average, fused")
@@ -222,7 +290,7 @@ def measure(impls, sizes, trials, warmup, grad_shapes, label, mpi_label="mpi4py"
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m ringtrain.bench.allreduce_worker")
-    p.add_argument("--impls", required=True, help="comma list of mpi4py,ring,memcpy; or horovod")
+    p.add_argument("--impls", required=True, help="comma list of mpi4py,ring,memcpy; or horovod; or tf-collective")
     p.add_argument("--horovod-label", default="mpi", help="row name suffix: mpi or gloo")
     p.add_argument("--mpi-label", default="mpi4py", help="row name of the raw MPI_Allreduce rows")
     p.add_argument("--sizes", required=True, help="comma list of byte counts")

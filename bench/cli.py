@@ -20,9 +20,10 @@ EXAMPLES = """examples:
   ringtrain-bench scaling --modes ring,ps-sync,ps-async --np 1,2 --model mnist_cnn --data synthetic --out bench/results
   ringtrain-bench report --out bench/results       # both, as `make bench` runs them (~15 min on 2 cores)
 
-  sync against async (ring, ps-sync, ps-sync-backup, ps-async), on this machine:
+  sync against async (ring, tf-collective, ps-sync, ps-sync-backup, ps-async), here or across hosts:
   ringtrain-bench straggler --np 2 --factors 1,1.5,3 --out bench/results      # one slow worker
   ringtrain-bench convergence --np 2 --target 0.97 --repeats 3 --out bench/results   # time to accuracy
+  ringtrain-bench straggler --cluster 3 --link-rate 1gbit --np 2 --out r     # W + 1 hosts for the backup worker
 
   across hosts (--hostfile: yours; --cluster H: a simulated cluster of H hosts the bench builds as root;
   inside a SLURM allocation, with neither: its nodes, as mpi_hostfiles/slurm/bench.sbatch runs it):
@@ -45,6 +46,9 @@ EXAMPLES = """examples:
 Every run writes DIR/report.html (tables, plots, column definitions, the machine), and
 every column is defined in bench/COLUMNS.md.
 """
+
+
+TRADEOFFS = ("straggler", "convergence")  # the sync-against-async benches (bench/sync_modes.py)
 
 
 def int_list(text):
@@ -127,6 +131,8 @@ def add_allreduce_flags(p):
                    help="operations per size and implementation before the timed trials (default 3)")
     g.add_argument("--no-gloo", action="store_true", help="skip the horovodrun --gloo rows")
     g.add_argument("--no-horovod", action="store_true", help="skip the Horovod rows")
+    g.add_argument("--no-tf", action="store_true",
+                   help="skip the rows of TF's own collective all-reduce (MultiWorkerMirroredStrategy, RING)")
     g.add_argument("--mpi-algorithms", type=choice_list(sorted(MPI_ALLREDUCE_ALGORITHMS) + ["default"], "algorithm(s)"),
                    default=[], metavar="A[,A...]",
                    help="one raw MPI_Allreduce row set per OpenMPI algorithm, e.g. ring,rabenseifner,"
@@ -190,11 +196,11 @@ def add_scaling_flags(p, modes_default):
 
 def add_tradeoff_flags(p, steps, data, simulate):
     """The flags `straggler` and `convergence` share: the modes of bench/sync_modes.py."""
-    from ringtrain.bench.sync_modes import DEFAULT_MODES, MODES
+    from ringtrain.bench.sync_modes import MODES
     g = p.add_argument_group("sync against async")
-    g.add_argument("--modes", type=choice_list(MODES, "mode(s)"), default=list(DEFAULT_MODES), metavar="M[,M...]",
-                   help="of ring, tf-collective (TF's own all-reduce), ps-sync (K = W), ps-sync-backup "
-                        f"(W + 1 workers, K = W), ps-async (default: {','.join(DEFAULT_MODES)})")
+    g.add_argument("--modes", type=choice_list(MODES, "mode(s)"), default=list(MODES), metavar="M[,M...]",
+                   help="of ring (Horovod), tf-collective (TF's own all-reduce), ps-sync (K = W), ps-sync-backup "
+                        f"(W + 1 workers, K = W), ps-async (default: all of them)")
     g.add_argument("--data", choices=("synthetic", "mnist", "cifar10"), default=data,
                    help="dataset (default %(default)s)")
     g.add_argument("--data-dir", metavar="DIR", help="passed to the trainers")
@@ -259,7 +265,8 @@ def parser():
                                   "allreduce bandwidth as nccl-tests defines it.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     common = dict(formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
-    a = sub.add_parser("allreduce", help="algbw/busbw of Horovod (MPI, Gloo), MPI_Allreduce, the reference ring",
+    a = sub.add_parser("allreduce", help="algbw/busbw of Horovod (MPI, Gloo), TF's collective all-reduce, "
+                       "MPI_Allreduce, the reference ring",
                        **common)
     add_run_flags(a, int_list, [2], "ranks, e.g. 2 or 2,4 (default 2)", timeout=900,
                   model_help="whose gradient size to add (default %(default)s)")
@@ -289,6 +296,7 @@ def parser():
                     help="which worker is slow (default 1: not the chief, whose work includes more)")
     st.add_argument("--every", type=positive_int, default=1, metavar="E",
                     help="only every E-th step of the straggler is slow (default 1: all)")
+    add_site_flags(st)
     cv = sub.add_parser("convergence", help="test accuracy against time and samples; time to a target accuracy",
                         **common)
     add_run_flags(cv, positive_int, 2, "W workers (default 2)", timeout=600)
@@ -299,6 +307,7 @@ def parser():
     cv.add_argument("--snapshot-every", type=positive_int, default=10, metavar="K",
                     help="evaluate the weights of every K-th step (default %(default)s)")
     cv.add_argument("--straggler", metavar="RANK:FACTOR[:EVERY]", help="run every mode with this straggler")
+    add_site_flags(cv)
     pj = sub.add_parser("project", help="the α-β model taken to N GPUs on hosts of G GPUs: ring against PS "
                         "(P = 1, N/4, N), step time, throughput, efficiency; nothing is run", **common)
     pj.add_argument("--model", default="resnet101", type=model_name, metavar="NAME",
@@ -385,20 +394,33 @@ def horovod_env(args):
     return knob_env(args.cycle_time_ms, args.fusion_threshold_mb)
 
 
+def slots_needed(args):
+    """The most worker processes one launch of the command starts."""
+    if args.command in TRADEOFFS:
+        from ringtrain.bench.sync_modes import processes
+        return max(processes(mode, args.np) for mode in args.modes)
+    return max(args.np)
+
+
 def check_site(args):
     """One line for a bad combination, before anything starts."""
     if args.command == "project":
         return  # (nothing runs: its --link-rate is the links it projects to)
     from ringtrain.multihost.hostfile import fill, read_hostfile
+    slots = slots_needed(args)
     if getattr(args, "hostfile", None):
-        fill(read_hostfile(args.hostfile), max(args.np), f"hostfile {args.hostfile}")
+        fill(read_hostfile(args.hostfile), slots, f"hostfile {args.hostfile}")
     elif on_slurm_nodes(args):
         from ringtrain.bench.sites import from_slurm
         site = from_slurm()
-        fill(site.hosts, max(args.np), site.label)
+        fill(site.hosts, slots, site.label)
+    if args.command in TRADEOFFS and getattr(args, "time_dilation", [1.0]) != [1.0]:
+        raise UsageError(f"--time-dilation is the scaling bench's: {args.command} compares modes at the links' own "
+                         "rate; drop it")
     if getattr(args, "cluster", None):
-        if max(args.np) > args.cluster:
-            raise UsageError(f"--np {max(args.np)} needs at least that many hosts: --cluster {max(args.np)}")
+        if slots > args.cluster:
+            raise UsageError(f"{slots} worker processes (--np, and W + 1 with ps-sync-backup) need at least that "
+                             f"many hosts: --cluster {slots}")
         if len(args.time_dilation) not in (1, len(args.link_rate)):
             raise UsageError("--time-dilation takes one factor, or one per --link-rate")
         from ringtrain.multihost.simcluster import check_can_build
@@ -416,7 +438,7 @@ def on_slurm_nodes(args):
     """Inside a SLURM allocation (sbatch, salloc), with no other site named, the
     commands that run across hosts run on its nodes."""
     from ringtrain.multihost.slurm_step import in_allocation
-    return args.command in ("scaling", "allreduce") and in_allocation() and \
+    return args.command in ("scaling", "allreduce") + TRADEOFFS and in_allocation() and \
         not getattr(args, "hostfile", None) and not getattr(args, "cluster", None)
 
 
@@ -492,7 +514,9 @@ def tradeoff_config(args):
 def run_tradeoff(args, log):
     from ringtrain.bench import convergence, straggler
     module = straggler if args.command == "straggler" else convergence
-    result = module.run(tradeoff_config(args), args.out, log=log)
+    cfg = tradeoff_config(args)
+    with single_site(args, log) as site:
+        result = module.run(cfg, args.out, log=log, site=site)
     print(module.markdown(result), flush=True)
     return result
 
@@ -504,7 +528,8 @@ def run_allreduce(args, np_list, log):
     sizes = tables.parse_sizes(args.sizes)
     with single_site(args, log) as site:
         result = allreduce.run(np_list, sizes, args.out, model=args.model, trials=args.trials, warmup=args.warmup_ops,
-                               gloo=not args.no_gloo, horovod=not args.no_horovod, horovod_env=horovod_env(args),
+                               gloo=not args.no_gloo, horovod=not args.no_horovod, tf=not args.no_tf,
+                               horovod_env=horovod_env(args),
                                timeout=args.timeout, compare_cycle_ms=args.compare_cycle_time_ms, log=log,
                                site=site, mpi_algorithms=args.mpi_algorithms,
                                compare_upstream_loop=args.compare_upstream_loop)
@@ -579,7 +604,7 @@ def _main(argv):
             run_allreduce(args, args.np, log)
         elif args.command == "scaling":
             run_scaling(args, log)
-        elif args.command in ("straggler", "convergence"):
+        elif args.command in TRADEOFFS:
             run_tradeoff(args, log)
         elif args.command == "project":
             run_project(args, log)

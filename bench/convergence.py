@@ -12,7 +12,7 @@ the whole test split afterwards, and deletes its weights.
 import os
 import time
 
-from ringtrain.bench import plots, sync_modes, tables
+from ringtrain.bench import plots, scaling, sites, sync_modes, tables
 from ringtrain.bench.environment import describe
 from ringtrain.workloads import snapshots
 from ringtrain.workloads.numbers import median, percent
@@ -27,8 +27,9 @@ CSV_KEYS = ["mode", "workers", "replicas_to_aggregate", "rounds", "rounds_reachi
             "final_accuracy", "best_accuracy", "applied_images_per_sec", "training_seconds"]
 
 
-def run(cfg, out_dir, log=print):
-    environment = describe(threads_per_worker=cfg["threads"], hostfile=None)
+def run(cfg, out_dir, log=print, site=None):
+    site = site or sites.this_machine()
+    environment = describe(threads_per_worker=cfg["threads"], hostfile=site.label)
     evaluate = evaluator(cfg)
     runs = {}
     for round_ in range(cfg["repeats"]):
@@ -38,11 +39,12 @@ def run(cfg, out_dir, log=print):
             extra = ["--lr", f"{cfg['lr']:g}", "--snapshot-every", str(cfg["snapshot_every"]),
                      "--snapshot-dir", folder] + (["--straggler", cfg["straggler"]] if cfg.get("straggler") else [])
             launched = time.time()
-            summary = sync_modes.run(mode, cfg["np"], cfg, out_dir, tag, log, extra)
+            summary = sync_modes.run(mode, cfg["np"], cfg, out_dir, tag, log, site, extra)
             summary["_curve"] = curve(folder, evaluate, launched)
             log(f"ringtrain-bench: {tag}: {len(summary['_curve'])} snapshots evaluated")
             runs.setdefault(mode, []).append(summary)
-    result = {"config": cfg, "environment": environment, "rows": rows(cfg, runs),
+    result = {"config": cfg, "environment": environment, "site": scaling.site_facts(site, cfg),
+              "rows": rows(cfg, runs),
               "curves": [{"mode": mode, "round": i + 1, "points": s["_curve"]}
                          for mode, summaries in runs.items() for i, s in enumerate(summaries)]}
     result["environment"]["load_average_at_end"] = list(os.getloadavg())
@@ -138,7 +140,7 @@ def table_rows(result):
 def markdown(result):
     cfg = result["config"]
     text = (f"# Time to {100 * cfg['target']:g}% test accuracy: {cfg['model']} on {cfg['data']} data, "
-            f"W = {cfg['np']} workers\n\n"
+            f"W = {cfg['np']} workers, on {sync_modes.where(result)}\n\n"
             f"Budget: {cfg['steps']} updates of {cfg['np']} x {cfg['batch_size']} images (async: {cfg['steps']} "
             f"steps per worker, one batch per update); {cfg['optimizer']}, lr {cfg['lr']:g} in every mode"
             + (f"; straggler {cfg['straggler']}" if cfg.get("straggler") else "") +

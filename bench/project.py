@@ -167,7 +167,8 @@ def fits_from(path, ranks=None):
         ring = fit_at(ring, str(ranks) if ranks else "all") if ring else None
     else:
         from ringtrain.bench.scaling import load_alpha_beta
-        ring, ps = load_alpha_beta(path)
+        fits = load_alpha_beta(path)
+        ring, ps = fits.get("ring"), fits.get("ps")
     if not ring or not ps:
         raise UsageError(f"--alpha-beta {path} holds no ring and PS fit: give the scaling.json of a run across "
                          "hosts (--hostfile or --cluster), or --link-rate and --latency-us")

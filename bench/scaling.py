@@ -118,26 +118,31 @@ def run_tagged(tag, make_command, out_dir, site, timeout, log):
 
 
 def load_alpha_beta(path):
-    """(ring fit, PS fit) from an allreduce.json, if there is one."""
+    """{"ring", "tf", "ps": fit} from an allreduce.json, if there is one: the
+    fits of Horovod's allreduce, TF's collective one and the gRPC push/pull."""
     if not path or not os.path.exists(path):
-        return None, None
+        return {}
     with open(path) as f:
         ar = json.load(f)
     fits = ar.get("alpha_beta", {})
-    return (fits.get(ar.get("alpha_beta_used_for_predictions")),
-            fits.get(ar.get("alpha_beta_used_for_ps_predictions")))
+    return {family: fits.get(ar.get(f"alpha_beta_used_for_{key}predictions"))
+            for family, key in (("ring", ""), ("tf", "tf_"), ("ps", "ps_"))}
 
 
 def fit_links(cfg, out_dir, site, log):
     """α and β of these hosts' links: OpenMPI's ring allreduce across them (at
-    every N of the run, at least 2) and a gRPC push and pull between two of them."""
+    every N of the run, at least 2), TF's own ring where the run has TF's
+    collective mode, and a gRPC push and pull between two of them."""
     ranks = sorted({max(n, 2) for n in cfg["np"]})
     result = allreduce.run(ranks, tables.parse_sizes(LINK_FIT_SIZES), os.path.join(out_dir, "link-fit"),
                            model=cfg["model"], trials=2, warmup=1, gloo=False, horovod=False, timeout=cfg["timeout"],
-                           site=site, mpi_algorithms=["ring"], log=log)
-    ring = {key.partition("@")[2] or "all": fit for key, fit in result["alpha_beta"].items()
-            if key.partition("@")[0] == "mpi-ring"}
-    return ring or None, result["alpha_beta"].get("grpc-ps")
+                           site=site, mpi_algorithms=["ring"], log=log, tf="tf-collective" in cfg["modes"])
+
+    def per_rank_count(impl):  # {"N": fit at N ranks, "all": over every N}
+        return {key.partition("@")[2] or "all": fit for key, fit in result["alpha_beta"].items()
+                if key.partition("@")[0] == impl} or None
+    return {"ring": per_rank_count("mpi-ring"), "tf": per_rank_count(allreduce.TF_FIT_IMPL),
+            "ps": result["alpha_beta"].get("grpc-ps")}
 
 
 def run(cfg, out_dir, log=print, site=None):
@@ -145,17 +150,15 @@ def run(cfg, out_dir, log=print, site=None):
     site = site or sites.this_machine()
     os.makedirs(os.path.join(out_dir, "runs"), exist_ok=True)
     environment = describe(threads_per_worker=cfg["threads"], hostfile=site.label)  # load before our runs
-    if site.across_hosts:
-        fit, ps_fit = fit_links(cfg, out_dir, site, log)
-    else:
-        fit, ps_fit = load_alpha_beta(cfg.get("alpha_beta_json"))
+    fits = fit_links(cfg, out_dir, site, log) if site.across_hosts else load_alpha_beta(cfg.get("alpha_beta_json"))
     summaries = {}
     # Rounds: every configuration once per round, so that a slow spell on a
     # shared machine hits one round of all of them, not all runs of one.
     for r in range(cfg.get("repeats", 1)):
         for mode, n, p in configurations(cfg, site.across_hosts):
             summaries.setdefault((mode, n, p), []).append(run_one(mode, n, p, cfg, out_dir, site, log, round_=r))
-    result = build(summaries, cfg, fit, ps_fit, site=site_facts(site, cfg), environment=environment)
+    result = build(summaries, cfg, fits.get("ring"), fits.get("ps"), site=site_facts(site, cfg),
+                   environment=environment, tf_fit=fits.get("tf"))
     result["environment"]["load_average_at_end"] = list(os.getloadavg())
     write(result, out_dir)
     return result

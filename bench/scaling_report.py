@@ -108,9 +108,8 @@ def markdown(result):
         grad = result.get("gradient_bytes")
         text += "\nα-β models" + (f" (gradients {grad / 1e6:.2f} MB per step)" if grad else "") + \
                 ", as measured (before any time dilation is divided out):\n"
-        ring_fits = {} if not fit else {"": fit} if "alpha_sec" in fit else fit
-        fits = [(f"ring rows{' at N = ' + key if key not in ('', 'all') else ''}: {ring_source}", f)
-                for key, f in ring_fits.items() if key != "all" or len(ring_fits) == 1]
+        fits = (per_rank_count(f"ring rows: {ring_source}", fit)
+                + per_rank_count("TF collective rows: TF's own ring all-reduce (tf-ring)", result.get("alpha_beta_tf")))
         for label, f in fits + [("PS rows: TF gRPC push + pull (grpc-ps)", ps_fit)]:
             if f:
                 text += (f"- {label}: α = {f['alpha_sec'] * 1e6:.1f} us, 1/β = "
@@ -135,6 +134,13 @@ def markdown(result):
               "measured": tables.fmt(g["measured_gap_ms"]), "predicted": tables.fmt(g["predicted_gap_ms"]),
               "error": percent(g["gap_error_pct"])} for g in result["gaps"]])
     return text
+
+
+def per_rank_count(label, fit):
+    """[(label at N, fit)] of a fit, or of {N: fit} fits at each rank count ("all": over every N)."""
+    fits = {} if not fit else {"": fit} if "alpha_sec" in fit else fit
+    return [(f"{label}{' at N = ' + key if key not in ('', 'all') else ''}", f)
+            for key, f in fits.items() if key != "all" or len(fits) == 1]
 
 
 def write(result, out_dir):
@@ -174,7 +180,8 @@ def loop_findings(result):
 
 def horovod_against_tf(result):
     """At each N where both ran: Horovod's throughput over TF collective's, measured
-    and by α-β (which lets Horovod's allreduce hide behind backprop, and not TF's)."""
+    and by α-β (each all-reduce with its own fit; Horovod's hides behind
+    backprop, TF's one packed all-reduce cannot)."""
     out = []
     for n in sorted({r["workers"] for r in result["rows"]}):
         ring, tf = _row(result, "ring", n), _row(result, "tf-collective", n)

@@ -17,10 +17,11 @@ ALLREDUCE_MODES = RING_MODES + ("tf-collective",)
 ONE_TIMER_MODES = ("ps-ingraph", "towers")  # one process drives (and times) all N towers
 
 
-def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None):
+def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None, tf_fit=None):
     """summaries: {(mode, N, P): [summary of each round]}. fit: the ring α-β
     fit (Horovod's allreduce on one machine, OpenMPI's ring across hosts);
-    ps_fit: the gRPC push/pull fit."""
+    ps_fit: the gRPC push/pull fit; tf_fit: TF's own collective all-reduce's
+    (without it, TF's collective rows are predicted with the ring fit)."""
     site = site or {"label": "this machine", "across_hosts": False, "link_rate": None, "dilation": 1.0,
                     "hosts": 1}
     k = site.get("dilation") or 1.0
@@ -33,7 +34,8 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None):
         window_mean, ci = stats.mean_ci95(windows)
         step = median([mean(s.get("step_time_sec")) for s in runs])
         compute = compute_seconds(summaries, mode, n, p, site["across_hosts"])
-        predicted = predicted_step_seconds(mode, runs[-1], compute, fit, ps_fit, site, cfg)
+        predicted = predicted_step_seconds(mode, runs[-1], compute, (tf_fit or fit) if mode == "tf-collective"
+                                           else fit, ps_fit, site, cfg)
         comm = predicted - compute if predicted is not None else None
         wire = median([measured_wire_bytes(s) for s in runs]) if site["across_hosts"] else None
         theory = theory_wire_bytes(mode, runs[-1]) if site["across_hosts"] else None
@@ -68,7 +70,7 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None):
         add_ratios(r, rows)
     order = list(cfg["modes"]) + ["independent"]
     rows.sort(key=lambda r: (order.index(r["mode"]) if r["mode"] in order else 9, r["num_ps"], r["workers"]))
-    return {"rows": rows, "gaps": gaps(rows), "alpha_beta": fit, "alpha_beta_ps": ps_fit,
+    return {"rows": rows, "gaps": gaps(rows), "alpha_beta": fit, "alpha_beta_ps": ps_fit, "alpha_beta_tf": tf_fit,
             "gradient_bytes": next((s[-1].get("gradient_bytes") for s in summaries.values()
                                     if s[-1].get("gradient_bytes")), cfg.get("gradient_bytes")),
             "site": site,
@@ -113,7 +115,8 @@ def endpoints(mode, summary, across_hosts):
 def predicted_step_seconds(mode, summary, compute, fit, ps_fit, site, cfg):
     """α-β's step: the compute, and what of the exchange does not hide behind
     it (bench/stats.py). Forward and backward are a third and two thirds of
-    the simulated accelerator's step, or of the compute when it is real."""
+    the simulated accelerator's step, or of the compute when it is real.
+    fit: the all-reduce's own (Horovod's, or TF's for TF's collective mode)."""
     if compute is None:
         return None
     simulated = site.get("simulated_gpu_ms")

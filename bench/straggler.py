@@ -15,7 +15,7 @@ ratio is (W + r) / (W + 1), whatever the straggler's gradients are worth.
 """
 import os
 
-from ringtrain.bench import plots, sync_modes, tables
+from ringtrain.bench import plots, scaling, sites, sync_modes, tables
 from ringtrain.bench.environment import describe
 from ringtrain.bench.scaling_report import findings_table
 from ringtrain.workloads.numbers import median
@@ -41,8 +41,9 @@ def model_ratio(mode, workers, factor, every):
     return r
 
 
-def run(cfg, out_dir, log=print):
-    environment = describe(threads_per_worker=cfg["threads"], hostfile=None)
+def run(cfg, out_dir, log=print, site=None):
+    site = site or sites.this_machine()
+    environment = describe(threads_per_worker=cfg["threads"], hostfile=site.label)
     runs = {}
     for round_ in range(cfg["repeats"]):
         for factor in cfg["factors"]:
@@ -50,8 +51,9 @@ def run(cfg, out_dir, log=print):
                 extra = [] if factor == 1 else ["--straggler", f"{cfg['rank']}:{factor:g}:{cfg['every']}"]
                 tag = f"{mode}-f{factor:g}-r{round_ + 1}"
                 runs.setdefault((mode, factor), []).append(
-                    sync_modes.run(mode, cfg["np"], cfg, out_dir, tag, log, extra))
-    result = {"config": cfg, "environment": environment, "rows": rows(cfg, runs)}
+                    sync_modes.run(mode, cfg["np"], cfg, out_dir, tag, log, site, extra))
+    result = {"config": cfg, "environment": environment, "site": scaling.site_facts(site, cfg),
+              "rows": rows(cfg, runs)}
     result["environment"]["load_average_at_end"] = list(os.getloadavg())
     result["findings"] = findings(result["rows"])
     write(result, out_dir)
@@ -137,7 +139,8 @@ def markdown(result):
     compute = (f"a simulated accelerator of {cfg['simulate_gpu_ms']:g} ms per step (waits that use no CPU, so "
                f"that {cfg['np'] + 1} workers on {env.get('cores')} cores do not slow each other)"
                if cfg.get("simulate_gpu_ms") else "real compute")
-    text = (f"# One straggler: {cfg['model']} on {cfg['data']} data, W = {cfg['np']} workers, {compute}\n\n"
+    text = (f"# One straggler: {cfg['model']} on {cfg['data']} data, W = {cfg['np']} workers, {compute}, "
+            f"on {sync_modes.where(result)}\n\n"
             f"Each row: {cfg['steps']} steps, {cfg['warmup_steps']} of them warm-up, median of {cfg['repeats']} "
             f"round(s). Applied img/s counts the images whose gradients reached the weights (PS: the chief's "
             f"global-step rate x images per update; dropped stale gradients do not count). 'of no straggler' "

@@ -1,28 +1,28 @@
-"""The four ways to train that `ringtrain-bench straggler` and `convergence`
+"""The five ways to train that `ringtrain-bench straggler` and `convergence`
 set side by side, as the classic tutorials weigh sync against async:
 
 - ring: Horovod's ring-allreduce, synchronous;
+- tf-collective: TF's own collective all-reduce, synchronous;
 - ps-sync: SyncReplicasOptimizer with K = W (every worker, every update);
 - ps-sync-backup: W + 1 workers, K = W: one backup worker, so an update
   need not wait for the slowest; the late gradient is dropped as stale;
-- ps-async: every worker applies its own gradients as soon as it has them;
-- tf-collective (on request): TF's own collective all-reduce, synchronous.
+- ps-async: every worker applies its own gradients as soon as it has them.
 
-All run through their real launchers, on this machine, with one PS task.
+All run through their real launchers, with one PS task, on a site of
+bench/sites.py: this machine, a hostfile's hosts, a SLURM allocation or a
+simulated cluster.
 """
 from ringtrain.bench import scaling
 
 MODES = ("ring", "tf-collective", "ps-sync", "ps-sync-backup", "ps-async")
-DEFAULT_MODES = ("ring", "ps-sync", "ps-sync-backup", "ps-async")
 # The same optimizer on the same global batch in every mode: ring's default
 # lr x N (with a warm-up) is a ring-mode recipe, not a property of the ring.
 RING_AS_PS = ["--no-lr-scaling", "--warmup-epochs", "0"]
 
 
-def command(mode, workers, cfg, summary, workdir, extra=()):
-    """The launcher command for `mode` with W = `workers`; `extra` flags go to
-    every trainer."""
-    site = scaling.sites.this_machine()
+def command(mode, workers, cfg, summary, workdir, site, extra=()):
+    """The launcher command for `mode` with W = `workers` on `site`; `extra`
+    flags go to every trainer."""
     if mode == "ps-sync-backup":
         cmd = scaling.command("ps-sync", workers + 1, 1, cfg, cfg["batch_size"], summary, site, workdir)
         cmd += ["--replicas-to-aggregate", str(workers)]
@@ -31,13 +31,19 @@ def command(mode, workers, cfg, summary, workdir, extra=()):
     return cmd + (RING_AS_PS if mode in ("ring", "tf-collective") else []) + list(extra)
 
 
-def run(mode, workers, cfg, out_dir, tag, log, extra=()):
-    """One run; its summary."""
-    return scaling.run_tagged(tag, lambda summary, runs: command(mode, workers, cfg, summary, runs, extra),
-                              out_dir, scaling.sites.this_machine(), cfg["timeout"], log)
+def run(mode, workers, cfg, out_dir, tag, log, site, extra=()):
+    """One run on `site`; its summary."""
+    return scaling.run_tagged(tag, lambda summary, runs: command(mode, workers, cfg, summary, runs, site, extra),
+                              out_dir, site, cfg["timeout"], log)
+
+
+def where(result):
+    """Where a report's runs ran (the site's label)."""
+    return (result.get("site") or {}).get("label", "this machine")
 
 
 def processes(mode, workers):
+    """The worker processes `mode` runs for W = workers (each on a slot of its own)."""
     return workers + 1 if mode == "ps-sync-backup" else workers
 
 

@@ -79,9 +79,7 @@ def train(config, collective, cluster, dataset):
               "cluster's hosts", flush=True)
     # TF: the strategy connects every worker (it waits for all of them) and, with RING,
     # reduces with TF's ring: scatter-reduce, then allgather.
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            implementation=collective.communication))
+    strategy = connect(tf, collective.communication)
     with strategy.scope():
         # TF: the variables are mirrored on every worker; updates are applied to all alike.
         # TF: with --sync-batch-norm, Keras all-reduces batch statistics over the workers.
@@ -121,6 +119,13 @@ def train(config, collective, cluster, dataset):
                 controller="tf", allreduce_algorithm=implementation_in_effect(tf, collective.communication),
                 gradient_bytes=models.gradient_bytes(model)))
     return 0
+
+
+def connect(tf, communication="RING"):
+    """TF's MultiWorkerMirroredStrategy over the workers of TF_CONFIG, reducing
+    with `communication` (RING, AUTO or NCCL)."""
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=communication))
 
 
 def make_train_step(tf, strategy, model, optimizer):

@@ -134,6 +134,13 @@ def test_tf_collective_hides_nothing_behind_backprop_and_is_set_against_horovod(
     (what, measured), = scaling_report.horovod_against_tf(result)[1:]
     assert what == "N=2: Horovod img/s ÷ TF collective img/s"
     assert measured.startswith(f"measured {1900 / 1520:.2f}x, α-β says {66.2 / 64.5:.2f}x")
+    # with TF's own fit (its ring measured alone: 500 us a step, 0.4 GB/s), its rows use that one
+    tf_fit = {"alpha_sec": 500e-6, "beta_sec_per_byte": 1 / 0.4e9, "bandwidth_gb_per_sec": 0.4}
+    result = build(summaries, dict(CFG, modes=["ring", "tf-collective"]), FIT, tf_fit=tf_fit)
+    rows = {(r["mode"], r["workers"]): r for r in result["rows"]}
+    assert rows[("tf-collective", 2)]["predicted_step_time_ms"] == pytest.approx(64.5 + 1.0 + 12.0)
+    assert rows[("ring", 2)]["predicted_step_time_ms"] == pytest.approx(64.5)
+    assert "TF collective rows: TF's own ring all-reduce (tf-ring): α = 500.0 us" in scaling_report.markdown(result)
 
 
 def test_ring_allreduce_shows_only_where_it_outlasts_backprop():
@@ -326,7 +333,8 @@ def test_tiny_allreduce_bench_reports_every_implementation_and_the_users_expecta
     assert done.stderr.splitlines()[-1].startswith(f"ringtrain-bench: {broken} does not hold (measured ")
     result = json.loads((tmp_path / "allreduce.json").read_text())
     impls = {r["impl"] for r in result["rows"]}
-    assert {"mpi4py", "ring", "memcpy", "horovod-mpi", "horovod-mpi-grads", "horovod-gloo", "grpc-ps"} <= impls
+    assert {"mpi4py", "ring", "memcpy", "horovod-mpi", "horovod-mpi-grads", "horovod-gloo", "tf-ring",
+            "tf-ring-grads", "grpc-ps"} <= impls
     for r in result["rows"]:
         assert r["busbw_gbs"] > 0 and r["algbw_gbs"] > 0
         if r["impl"] == "grpc-ps":  # push + pull: S bytes each way through the PS
@@ -335,6 +343,7 @@ def test_tiny_allreduce_bench_reports_every_implementation_and_the_users_expecta
             assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * 2 * (2 - 1) / 2)
     assert all(r["wrong"] == 0 for r in result["rows"]), [r for r in result["rows"] if r["wrong"]]
     assert "horovod-mpi" in result["alpha_beta"] and result["alpha_beta"]["grpc-ps"]["model"] == "ps"
+    assert result["alpha_beta"]["tf-ring"]["model"] == "ring" and result["alpha_beta_used_for_tf_predictions"] == "tf-ring"
     assert (tmp_path / "allreduce_busbw.png").stat().st_size > 0
     assert "busbw (GB/s)" in done.stdout and (tmp_path / "allreduce.md").exists()
     page = (tmp_path / "report.html").read_text()

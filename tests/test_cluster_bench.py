@@ -1,5 +1,7 @@
 """The bench across hosts: a tiny run on simulated hosts gives a table with
-every column, and the bytes each host's interface sent match theory."""
+every column, the bytes each host's interface sent match theory, each
+allreduce is fitted on the links it runs on, and the sync-against-async
+benches run there too."""
 import json
 import os
 
@@ -7,6 +9,7 @@ import pytest
 
 from ringtrain.bench.launch import child_env
 from ringtrain.bench.scaling_report import COLUMNS, CSV_KEYS
+from ringtrain.bench.scaling_rows import fit_at
 from helpers import BENCH, BIN, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -43,12 +46,41 @@ def test_scaling_on_a_simulated_cluster_it_builds_gives_every_column_and_bytes_m
     assert not [ns for ns in os.listdir("/run/netns") if ns.startswith("rtbench-")]  # torn down
 
 
-def test_scaling_runs_across_the_hosts_of_a_hostfile(cluster, tmp_path):
+def on_h1(cluster, argv):
+    return [os.path.join(BIN, "ringtrain-cluster"), "--name", cluster.name, "exec", "h1", "--", *argv]
+
+
+def test_scaling_runs_across_the_hosts_of_a_hostfile_and_fits_each_allreduce_on_its_links(cluster, tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("h1 slots=1\nh2 slots=1\n")
-    bench_ok([os.path.join(BIN, "ringtrain-cluster"), "--name", cluster.name, "exec", "h1", "--",
-              *BENCH, "scaling", "--hostfile", str(hosts), "--modes", "ring", *TINY, "--out", str(tmp_path / "r")])
+    bench_ok(on_h1(cluster, [*BENCH, "scaling", "--hostfile", str(hosts), "--modes", "ring,tf-collective", *TINY,
+                             "--out", str(tmp_path / "r")]))
     result = json.loads((tmp_path / "r" / "scaling.json").read_text())
-    ring2 = next(r for r in result["rows"] if r["workers"] == 2)
-    assert ring2["hosts"] == 2 and abs(ring2["wire_bytes_pct_of_theory"] - 100) <= 10
-    assert result["alpha_beta"] and result["alpha_beta_ps"]  # fitted on these hosts' links
+    rows = {(r["mode"], r["workers"]): r for r in result["rows"]}
+    for mode in ("ring", "tf-collective"):
+        assert rows[(mode, 2)]["hosts"] == 2 and abs(rows[(mode, 2)]["wire_bytes_pct_of_theory"] - 100) <= 10
+    # fitted on these hosts' links: OpenMPI's ring for Horovod's rows, TF's own ring for TF's
+    assert result["alpha_beta"] and result["alpha_beta_ps"] and result["alpha_beta_tf"]
+    tf_fit = fit_at(result["alpha_beta_tf"], 2)
+    compute = rows[("tf-collective", 1)]["step_time_ms"] / 1e3
+    packed = 2 * tf_fit["alpha_sec"] + result["gradient_bytes"] * tf_fit["beta_sec_per_byte"]  # after backprop
+    assert rows[("tf-collective", 2)]["predicted_step_time_ms"] == pytest.approx(1e3 * (compute + packed))
+
+
+def test_the_straggler_bench_runs_across_hosts_with_tf_collective_and_a_backup_worker(cluster, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("h1 slots=1\nh2 slots=1\nh3 slots=1\n")  # W + 1 = 3 for the backup worker
+    bench_ok(on_h1(cluster, [*BENCH, "straggler", "--hostfile", str(hosts), "--np", "2", "--factors", "3",
+                             "--modes", "tf-collective,ps-sync-backup", "--model", "mnist_mlp", "--steps", "12",
+                             "--warmup-steps", "2", "--simulate-gpu", "30", "--timeout", "240",
+                             "--out", str(tmp_path / "r")]))
+    result = json.loads((tmp_path / "r" / "straggler.json").read_text())
+    assert result["site"]["label"] == f"hostfile {hosts}" and result["site"]["across_hosts"]
+    row = {(r["mode"], r["factor"]): r for r in result["rows"]}
+    assert set(row) == {(m, f) for m in ("tf-collective", "ps-sync-backup") for f in (1.0, 3.0)}
+    # TF's all-reduce waits for the straggler every step; the backup worker's update does not
+    assert row[("tf-collective", 3.0)]["ratio_to_no_straggler"] < 0.7, row[("tf-collective", 3.0)]
+    assert row[("ps-sync-backup", 3.0)]["gradients_dropped"] > 0
+    for r in row.values():
+        summary = json.loads(open(r["summary_json"]).read())
+        assert len(set(summary["hosts"])) == r["workers"]  # one worker per host
