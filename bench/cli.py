@@ -419,8 +419,9 @@ def check_site(args):
                          "rate; drop it")
     if getattr(args, "cluster", None):
         if slots > args.cluster:
-            raise UsageError(f"{slots} worker processes (--np, and W + 1 with ps-sync-backup) need at least that "
-                             f"many hosts: --cluster {slots}")
+            needs = f"--np {args.np} with ps-sync-backup's W + 1 workers" if args.command in TRADEOFFS and \
+                slots > args.np else f"--np {slots}"
+            raise UsageError(f"{needs} needs at least that many hosts: --cluster {slots}")
         if len(args.time_dilation) not in (1, len(args.link_rate)):
             raise UsageError("--time-dilation takes one factor, or one per --link-rate")
         from ringtrain.multihost.simcluster import check_can_build
