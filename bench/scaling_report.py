@@ -4,7 +4,7 @@ show, side by side. Columns: bench/COLUMNS.md."""
 import json
 import os
 
-from ringtrain.bench import plots, tables
+from ringtrain.bench import plots, stats, tables
 from ringtrain.workloads.numbers import percent
 from ringtrain.workloads.summary import dumps
 
@@ -181,7 +181,8 @@ def loop_findings(result):
 def horovod_against_tf(result):
     """At each N where both ran: Horovod's throughput over TF collective's, measured
     and by α-β (each all-reduce with its own fit; Horovod's hides behind
-    backprop, TF's one packed all-reduce cannot)."""
+    backprop, TF's one packed all-reduce cannot), and, with TF's own fit, how
+    much of the predicted ratio is the overlap and how much the transport."""
     out = []
     for n in sorted({r["workers"] for r in result["rows"]}):
         ring, tf = _row(result, "ring", n), _row(result, "tf-collective", n)
@@ -193,8 +194,26 @@ def horovod_against_tf(result):
         out.append((f"N={n}{' at ' + link_text(ring) if ring.get('link_rate') else ''}: "
                     "Horovod img/s ÷ TF collective img/s",
                     f"measured {ratio:.2f}x" + (f", α-β says {predicted:.2f}x" if predicted else "")
+                    + overlap_and_transport(result, ring, tf)
                     + f"; step {tables.fmt(ring['step_time_ms'])} ms against {tables.fmt(tf['step_time_ms'])} ms"))
     return out
+
+
+def overlap_and_transport(result, ring, tf):
+    """α-β's ratio as two factors: TF's packed all-reduce priced with Horovod's
+    fit (the same exchange, after backprop) over Horovod's step is the
+    overlap; TF's step over that is TF's ring against OpenMPI's on the same links."""
+    from ringtrain.bench.scaling_rows import fit_at
+    fits, nbytes, n = (result.get("alpha_beta"), result.get("alpha_beta_tf")), result.get("gradient_bytes"), tf["workers"]
+    if not all(fits) or not nbytes or n < 2 or not ring["predicted_step_time_ms"] or not tf["predicted_step_time_ms"]:
+        return ""
+    horovod_fit, tf_fit = (fit_at(f, n) for f in fits)
+    packed_on_mpi = tf["compute_time_ms"] + 1e3 * stats.ring_allreduce_seconds(
+        nbytes, n, horovod_fit["alpha_sec"], horovod_fit["beta_sec_per_byte"]) / (tf.get("time_dilation") or 1)
+    mb_per_sec = lambda fit: 1e3 * (fit["bandwidth_gb_per_sec"] or 0)
+    return (f" = {packed_on_mpi / ring['predicted_step_time_ms']:.2f}x overlap (Horovod's allreduce hides behind "
+            f"backprop, TF's packed one starts after it) × {tf['predicted_step_time_ms'] / packed_on_mpi:.2f}x "
+            f"transport (TF's ring {mb_per_sec(tf_fit):.1f} MB/s, OpenMPI's {mb_per_sec(horovod_fit):.1f} MB/s)")
 
 
 # --- over several link rates ---------------------------------------------------

@@ -102,7 +102,7 @@ def train(config, collective, cluster, dataset):
     # TF: the lr grows with the worker count, after a warm-up, as in ring mode.
     lr_at = learning_rate_schedule(config.optimizer.lr, size, per_epoch, scale=collective.lr_scaling,
                                    warmup_epochs=collective.warmup_epochs)
-    train_step = make_train_step(tf, strategy, model, optimizer)
+    train_step = make_train_step(tf, strategy, model, optimizer, config.model.statistics_to_average(model))
 
     def step(number, batch, _):
         optimizer.learning_rate.assign(lr_at(number - 1))
@@ -128,7 +128,7 @@ def connect(tf, communication="RING"):
         communication_options=tf.distribute.experimental.CommunicationOptions(implementation=communication))
 
 
-def make_train_step(tf, strategy, model, optimizer):
+def make_train_step(tf, strategy, model, optimizer, statistics=()):
     from ringtrain.workloads import models
     from ringtrain.workloads.gradients import apply_if_finite
     from ringtrain.workloads.tfenv import step_function
@@ -144,6 +144,12 @@ def make_train_step(tf, strategy, model, optimizer):
         # collective) and applies the sum on every worker alike; the workers first agree
         # whether it is finite, so that all of them apply it, or skip it, together.
         applied = apply_if_finite(optimizer, grads, model.trainable_variables, agree=True)
+        if statistics:
+            # TF: batch norm's moving statistics, from each worker's own batches, averaged over
+            # the workers (one packed all-reduce): every worker holds the same model.
+            means = tf.distribute.get_replica_context().all_reduce("MEAN", [tf.identity(v) for v in statistics])
+            for variable, mean in zip(statistics, means):
+                variable.assign(mean)
         return loss_sum, tf.reduce_sum(weights), applied
 
     @step_function

@@ -65,7 +65,7 @@ def train_on_this_world(hvd, run, horovod, dataset, model, optimizer, progress, 
     # Horovod: the lr grows with the rank count, after a warm-up.
     lr_at = learning_rate_schedule(c.optimizer.lr, hvd.size(), run.per_epoch, scale=horovod.lr_scaling,
                                    warmup_epochs=horovod.warmup_epochs)
-    train_step = make_train_step(hvd, horovod, model, optimizer)
+    train_step = make_train_step(hvd, horovod, model, optimizer, c.model.statistics_to_average(model))
 
     def step(number, batch, _):
         optimizer.learning_rate.assign(lr_at(number - 1))
@@ -89,7 +89,7 @@ def train_on_this_world(hvd, run, horovod, dataset, model, optimizer, progress, 
             **(extra_fields or {})))
 
 
-def make_train_step(hvd, horovod, model, optimizer):
+def make_train_step(hvd, horovod, model, optimizer, statistics=()):
     import tensorflow as tf
     from ringtrain.workloads import models
     from ringtrain.workloads.gradients import apply_if_finite
@@ -112,6 +112,12 @@ def make_train_step(hvd, horovod, model, optimizer):
         # Horovod: after the allreduce every rank holds the same gradients, so every rank
         # applies them, or skips a non-finite update, alike.
         applied = apply_if_finite(optimizer, grads, model.trainable_variables)
+        if statistics and not horovod.no_allreduce:
+            # Horovod: batch norm's moving statistics, from each rank's own batches, averaged
+            # over the ranks: every rank holds the same model.
+            for variable, mean in zip(statistics, hvd.grouped_allreduce(
+                    [tf.convert_to_tensor(v) for v in statistics], op=hvd.Average)):
+                variable.assign(mean)
         return loss_sum, tf.reduce_sum(weights), applied
 
     return train_step

@@ -1,6 +1,6 @@
 """Models from outside the catalog: a keras.applications network by name and
 the user's own factory (examples/my_model.py, the README's example), in ring
-mode, TF collective mode and TF2 PS; what batch norm's statistics do in each;
+mode, TF collective mode, TF2 PS and towers; what batch norm's statistics do in each;
 `ringtrain-bench profile`; and the one-line refusals."""
 import json
 import os
@@ -63,10 +63,10 @@ def test_sync_batch_norm_makes_two_ranks_one_process_on_the_global_batch(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_keras_resnet50_trains_under_mpirun_with_statistics_kept_per_rank(tmp_path):
+def test_keras_resnet50_trains_under_mpirun_with_every_weight_identical_on_both_ranks(tmp_path):
     """keras:ResNet50 (weights=None, 32x32 synthetic images) under mpirun -np 2:
-    the weights that are trained stay identical on both ranks; batch norm's
-    moving statistics, without --sync-batch-norm, are each rank's own."""
+    the trained weights, and batch norm's moving statistics (averaged over the
+    ranks every step), are identical on both ranks."""
     dump = str(tmp_path / "w-{rank}.npz")
     out = run_ok(mpirun(2, "--model", "keras:ResNet50", "--batch-size", "2", "--steps", "1", "--warmup-steps", "0",
                         "--optimizer", "sgd", *ONE_THREAD, "--dump-weights", dump), timeout=400)
@@ -76,9 +76,32 @@ def test_keras_resnet50_trains_under_mpirun_with_statistics_kept_per_rank(tmp_pa
     rank0, rank1 = weights(dump, 0), weights(dump, 1)
     statistics = moving_statistics(rank0, "keras:ResNet50")
     assert len(statistics) == 2 * 53  # 53 batch norms
-    trained = [i for i in range(len(rank0)) if i not in statistics]
-    assert_same_weights([rank0[i] for i in trained], [rank1[i] for i in trained], exact=True)
-    assert any(not np.array_equal(rank0[i], rank1[i]) for i in statistics)
+    assert_same_weights(rank0, rank1, exact=True)
+    assert all(not np.array_equal(rank0[i], np.zeros_like(rank0[i])) for i in statistics[::2])  # means moved
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_batch_norm_statistics_are_the_workers_average_in_ring_and_tf_collective_modes(tmp_path):
+    """Without --sync-batch-norm each worker normalises by its own batch, and
+    the moving statistics are averaged over the workers every step: after one
+    step, 2 ranks x batch 8 hold, on both ranks, the moving mean that one
+    process on batch 16 computes (the mean of the two halves' means); the
+    variance, a mean of within-batch variances, is at most one process's."""
+    one_step = [*FACTORY, "--optimizer", "sgd", "--steps", "1", "--warmup-steps", "0", *ONE_THREAD]
+    one = str(tmp_path / "one-{rank}.npz")
+    run_ok([RINGTRAIN, *one_step, "--batch-size", "16", "--dump-weights", one], env=EXAMPLES_ENV)
+    mean, variance = moving_statistics(weights(one, 0))
+    reference = weights(one, 0)
+    for backend in ("horovod", "tf-collective"):
+        dump = str(tmp_path / f"{backend}-{{rank}}.npz")
+        run_ok(mpirun(2, *one_step, "--batch-size", "8", "--backend", backend, "--dump-weights", dump),
+               env=EXAMPLES_ENV, timeout=240)
+        rank0, rank1 = weights(dump, 0), weights(dump, 1)
+        assert_same_weights(rank0, rank1, exact=True)
+        np.testing.assert_allclose(rank0[mean], reference[mean], atol=1e-6, err_msg=backend)
+        assert not np.allclose(rank0[mean], 0), backend  # (it moved: the initial mean is 0)
+        assert (rank0[variance] <= reference[variance] + 1e-6).all(), backend
 
 
 @pytest.mark.slow
@@ -99,14 +122,26 @@ def test_parity_runs_ringtrain_and_the_plain_horovod_script_side_by_side(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_factory_trains_under_tf2_parameter_servers():
+def test_factory_trains_under_tf2_parameter_servers_and_towers_with_one_shared_copy_of_the_statistics(tmp_path):
+    """TF2 PS keeps batch norm's statistics on a PS task, towers on the CPU: one
+    copy, which every worker's (tower's) step updates from its own batch."""
+    dump = str(tmp_path / "ps-{rank}.npz")
     out = run_ok([os.path.join(BIN, "ps-baseline"), "launch", "--api", "tf2", "--num-ps", "1", "--num-workers", "2",
-                  *FACTORY, "--steps", "8", "--batch-size", "16", "--log-every", "4", *ONE_THREAD],
-                 env=EXAMPLES_ENV, timeout=240)
+                  *FACTORY, "--steps", "8", "--batch-size", "16", "--log-every", "4", *ONE_THREAD,
+                  "--dump-weights", dump], env=EXAMPLES_ENV, timeout=240)
     summary = last_json(out)
     assert USUAL_FIELDS - {"images_per_sec_per_worker", "step_time_sec", "gradient_bytes"} <= set(summary)
     assert summary["mode"] == "ps-tf2" and summary["model"] == "my_model:small_cnn"
     assert summary["steps"] == 16 and 0 <= summary["test_accuracy"] <= 1
+    towers = str(tmp_path / "towers-{rank}.npz")
+    run_ok([os.path.join(BIN, "ps-baseline"), "towers", "--towers", "2", *FACTORY, "--steps", "4",
+            "--batch-size", "8", *ONE_THREAD, "--dump-weights", towers], env=EXAMPLES_ENV, timeout=240)
+    for path in (dump, towers):
+        arrays = weights(path, 0)
+        mean, variance = moving_statistics(arrays)
+        assert np.isfinite(arrays[mean]).all() and np.isfinite(arrays[variance]).all(), path
+        # updated by the steps (a mean of 0 and a variance of 1 are where they start)
+        assert not np.allclose(arrays[mean], 0) and not np.allclose(arrays[variance], 1), path
 
 
 def test_profile_of_the_catalog_and_of_keras_resnet50_agree(tmp_path):

@@ -26,6 +26,14 @@ class ModelConfig:
             model = user_models.with_synchronized_batch_norm(model, synchronized_batch_norm)
         return model
 
+    def statistics_to_average(self, model):
+        """Batch norm's moving statistics, which workers that all-reduce their
+        gradients average every step, so that every worker holds one model
+        (what checkpoints, snapshots and the evaluation read); none with
+        --sync-batch-norm, where every worker computes them on the global batch."""
+        from ringtrain.workloads import models
+        return [] if self.sync_batch_norm else models.moving_statistics(model)
+
 
 @dataclass(frozen=True)
 class DataConfig:

@@ -113,7 +113,8 @@ def add_training_flags(parser, summary_json=True):
     g.add_argument("--sync-batch-norm", action="store_true",
                    help="ring and TF collective modes, Keras models: batch norm over the global batch (Horovod's "
                         "SyncBatchNormalization; Keras' synchronized=True), so N workers x batch b train as one "
-                        "process on N*b; without it each worker normalises, and keeps statistics, on its own batch")
+                        "process on N*b; without it each worker normalises by its own batch, and the workers average "
+                        "their moving statistics every step")
     g.add_argument("--threads", type=non_negative_int, default=0, metavar="T",
                    help="TF intra- and inter-op threads per worker (0: TF's default)")
 

@@ -230,6 +230,13 @@ def named_weights(model):
     return [(variable_name(v), v.numpy()) for v in model.variables]
 
 
+def moving_statistics(model):
+    """The variables a training forward pass updates and no gradient does:
+    batch norm's moving mean and variance (non-trainable, floating point; a
+    Keras seed generator's integer state is not one)."""
+    return [v for v in model.variables if not v.trainable and tf.as_dtype(v.dtype).is_floating]
+
+
 def gradient_bytes(model):
     """Bytes of one gradient exchange: every trainable variable once (Keras 3
     variables give their shape as a tuple and dtype as a name)."""
