@@ -338,7 +338,8 @@ def parser():
                          "ringtrain-bench allreduce on one machine (default: no limit but the link)")
     add_output_flags(pj)
     pa = sub.add_parser("parity", help="ringtrain against a plain Horovod script (examples/plain_horovod.py) "
-                        "on the same Keras Applications network, batch and threads, in alternating rounds", **common)
+                        "on the same Keras Applications network, batch and threads (the script with ringtrain's OpenMPI settings and "
+                        "with OpenMPI's defaults), in rotating rounds", **common)
     pa.add_argument("--model", default="keras:ResNet50", type=keras_application, metavar="keras:NAME",
                     help="a keras.applications network (default %(default)s)")
     pa.add_argument("--np", type=positive_int, default=2, metavar="N", help="ranks, under mpirun (default 2)")
@@ -399,7 +400,7 @@ def slots_needed(args):
     if args.command in TRADEOFFS:
         from ringtrain.bench.sync_modes import processes
         return max(processes(mode, args.np) for mode in args.modes)
-    return max(args.np)
+    return max(args.np) if isinstance(args.np, list) else args.np
 
 
 def check_site(args):

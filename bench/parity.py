@@ -1,12 +1,16 @@
 """`ringtrain-bench parity`: what ringtrain's loop costs against a plain
 Horovod script (examples/plain_horovod.py) on the same Keras Applications
-network, batch, optimizer, threads and ranks, both under mpirun.
+network, batch, optimizer, threads and ranks, all under mpirun.
 
-The two run in alternating rounds (plain first in odd rounds, ringtrain
-first in even ones), so that a machine that drifts slows both alike. Each
-round gives one ratio; the report gives the median round's. Both measure
-images/s the same way: every rank's timed samples over the slowest rank's
-timed seconds, the warm-up steps excluded.
+The plain script runs twice a round: with the OpenMPI settings ringtrain sets
+for itself before hvd.init (ranks yield when they wait, two TCP links per
+peer, OpenMPI's ring), so that the ratio prices ringtrain's loop alone; and
+with OpenMPI's defaults, as a plain script starts, so that the report shows
+what those settings are worth. The runs alternate in order from round to
+round, so that a machine that drifts slows all of them alike. Each round
+gives its ratios; the report gives the median round's. All measure images/s
+the same way: every rank's timed samples over the slowest rank's timed
+seconds, the warm-up steps excluded.
 """
 import json
 import os
@@ -14,19 +18,23 @@ import sys
 
 from ringtrain.bench import launch, tables
 from ringtrain.bench.environment import describe, usable_cores
+from ringtrain.workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, mpi_allreduce_env
 from ringtrain.workloads.numbers import median
 
 PLAIN_SCRIPT = os.path.join(launch.REPO, "examples", "plain_horovod.py")
-IMPLS = ("plain Horovod script", "ringtrain")
+# ringtrain's own OpenMPI settings (ringtrain/knobs.py), which the plain script gets from the launch
+RINGTRAINS_MPI = dict(MPI_YIELD_WHEN_IDLE, **MPI_TCP_LINKS, **mpi_allreduce_env("ring"))
+IMPLS = ("plain", "plain-ompi-defaults", "ringtrain")  # (the runs' tags)
 COLUMNS = [("round", "round"), ("plain", "plain Horovod img/s"), ("ringtrain", "ringtrain img/s"),
-           ("ratio", "ringtrain ÷ plain"), ("plain_step", "plain step p50 ms"),
+           ("ratio", "ringtrain ÷ plain"), ("defaults", "plain, OpenMPI defaults img/s"),
+           ("settings", "plain ÷ plain with defaults"), ("plain_step", "plain step p50 ms"),
            ("ringtrain_step", "ringtrain step p50 ms")]
-CSV_KEYS = ["round", "plain_images_per_sec", "ringtrain_images_per_sec", "ratio", "plain_step_p50_ms",
-            "ringtrain_step_p50_ms"]
+CSV_KEYS = ["round", "plain_images_per_sec", "ringtrain_images_per_sec", "ratio",
+            "plain_ompi_defaults_images_per_sec", "settings_ratio", "plain_step_p50_ms", "ringtrain_step_p50_ms"]
 
 
 def commands(cfg, summary_path):
-    """{impl: its mpirun command}, one rank per process, not bound to cores."""
+    """{impl: (its mpirun command, its environment)}, one rank per process, not bound to cores."""
     app = cfg["model"].split(":", 1)[1]
     height, width, channels = cfg["image_shape"]
     shared = ["--batch-size", str(cfg["batch_size"]), "--steps", str(cfg["steps"]),
@@ -36,7 +44,10 @@ def commands(cfg, summary_path):
     ours = [launch.tool("ringtrain"), "--model", cfg["model"], "--dataset", "synthetic",
             "--image-shape", f"{height}x{width}x{channels}", "--optimizer", "sgd", "--no-lr-scaling",
             "--warmup-epochs", "0", "--log-every", str(cfg["steps"]), "--summary-json", summary_path, *shared]
-    return {name: launch.mpirun(cfg["np"], cmd, usable_cores()) for name, cmd in zip(IMPLS, (plain, ours))}
+    return {"plain": (launch.mpirun(cfg["np"], plain, usable_cores(), env_names=sorted(RINGTRAINS_MPI)),
+                      RINGTRAINS_MPI),
+            "plain-ompi-defaults": (launch.mpirun(cfg["np"], plain, usable_cores()), {}),
+            "ringtrain": (launch.mpirun(cfg["np"], ours, usable_cores()), {})}
 
 
 def run(cfg, out_dir, log=print):
@@ -46,21 +57,24 @@ def run(cfg, out_dir, log=print):
     rows = []
     for round_ in range(1, cfg["rounds"] + 1):
         measured = {}
-        for impl in (IMPLS if round_ % 2 else IMPLS[::-1]):
-            tag = f"{'plain' if impl == IMPLS[0] else 'ringtrain'}-r{round_}"
+        for impl in IMPLS[round_ % len(IMPLS):] + IMPLS[:round_ % len(IMPLS)]:
+            tag = f"{impl}-r{round_}"
             summary_path, log_path = (os.path.join(runs_dir, f"{tag}.{ext}") for ext in ("json", "log"))
-            cmd = commands(cfg, summary_path)[impl]
+            cmd, env = commands(cfg, summary_path)[impl]
             log(f"ringtrain-bench: {tag}: {' '.join(os.path.basename(c) if i < 1 else c for i, c in enumerate(cmd))}")
-            code = launch.run(cmd, log_path, cfg["timeout"])
+            code = launch.run(cmd, log_path, cfg["timeout"], env=env)
             measured[impl] = _summary(impl, summary_path, log_path, code, tag)
-        plain, ours = measured[IMPLS[0]], measured[IMPLS[1]]
+        plain, defaults, ours = (measured[impl] for impl in IMPLS)
         rows.append({"round": round_, "plain_images_per_sec": plain["images_per_sec"],
                      "ringtrain_images_per_sec": ours["images_per_sec"],
                      "ratio": ours["images_per_sec"] / plain["images_per_sec"],
+                     "plain_ompi_defaults_images_per_sec": defaults["images_per_sec"],
+                     "settings_ratio": plain["images_per_sec"] / defaults["images_per_sec"],
                      "plain_step_p50_ms": 1000 * plain["step_time_p50_sec"],
                      "ringtrain_step_p50_ms": 1000 * _slowest_rank_step(ours)})
     result = {"config": cfg, "environment": environment, "rows": rows,
-              "median_ratio": median([r["ratio"] for r in rows])}
+              "median_ratio": median([r["ratio"] for r in rows]),
+              "median_settings_ratio": median([r["settings_ratio"] for r in rows])}
     result["environment"]["load_average_at_end"] = list(os.getloadavg())
     tables.write_report(out_dir, "parity", markdown(result), CSV_KEYS, result)
     return result
@@ -69,7 +83,7 @@ def run(cfg, out_dir, log=print):
 def _summary(impl, summary_path, log_path, code, tag):
     if code != 0:
         raise RuntimeError(f"{tag} failed (exit {code}); last lines of {log_path}:\n{launch.tail(log_path)}")
-    if impl == IMPLS[1]:
+    if impl == "ringtrain":
         with open(summary_path) as f:
             return json.load(f)
     with open(log_path, errors="replace") as f:  # the plain script prints its one JSON line
@@ -90,12 +104,17 @@ def markdown(result):
     shape = "x".join(map(str, cfg["image_shape"]))
     text = (f"# ringtrain against a plain Horovod script: {cfg['model']}, {shape} images, {cfg['np']} ranks "
             f"x batch {cfg['batch_size']}, {cfg['threads']} TF thread(s) each\n\n"
-            f"Both under mpirun, SGD, {cfg['steps']} steps of which {cfg['warmup_steps']} are warm-up, in "
-            f"{cfg['rounds']} alternating round(s). img/s: every rank's timed samples over the slowest rank's "
-            f"timed seconds. The plain script is examples/plain_horovod.py. Columns: bench/COLUMNS.md.\n\n")
+            f"All under mpirun, SGD, {cfg['steps']} steps of which {cfg['warmup_steps']} are warm-up, in "
+            f"{cfg['rounds']} round(s), the order rotating. img/s: every rank's timed samples over the slowest "
+            f"rank's timed seconds. The plain script is examples/plain_horovod.py, run with the OpenMPI settings "
+            f"ringtrain sets for itself ({', '.join(f'{k}={v}' for k, v in sorted(RINGTRAINS_MPI.items()))}), "
+            f"and again with OpenMPI's defaults. Columns: bench/COLUMNS.md.\n\n")
     text += tables.markdown(COLUMNS, [{
         "round": r["round"], "plain": tables.fmt(r["plain_images_per_sec"], 1),
         "ringtrain": tables.fmt(r["ringtrain_images_per_sec"], 1), "ratio": f"{r['ratio']:.3f}",
+        "defaults": tables.fmt(r["plain_ompi_defaults_images_per_sec"], 1),
+        "settings": f"{r['settings_ratio']:.3f}",
         "plain_step": tables.fmt(r["plain_step_p50_ms"], 0), "ringtrain_step": tables.fmt(r["ringtrain_step_p50_ms"], 0)}
         for r in result["rows"]])
-    return text + f"\nMedian round: ringtrain ÷ plain = {result['median_ratio']:.3f}.\n"
+    return text + (f"\nMedian round: ringtrain ÷ plain = {result['median_ratio']:.3f}; plain with ringtrain's "
+                   f"OpenMPI settings ÷ plain with OpenMPI's defaults = {result['median_settings_ratio']:.3f}.\n")

@@ -10,6 +10,7 @@ every rank's timed samples over the slowest rank's timed seconds.
 """
 import argparse
 import json
+import os
 import time
 
 import horovod.tensorflow as hvd
@@ -72,4 +73,6 @@ if hvd.rank() == 0:
     print(json.dumps({"images_per_sec": samples / max(seconds), "world_size": hvd.size(),
                       "timed_samples": samples, "timed_seconds": max(seconds),
                       "images_per_sec_per_worker": [samples / hvd.size() / s for s in seconds],
-                      "step_time_p50_sec": float(np.median(step_seconds))}), flush=True)
+                      "step_time_p50_sec": float(np.median(step_seconds)),
+                      "mpi_settings": {k: v for k, v in os.environ.items() if k.startswith("OMPI_MCA_")}}),
+          flush=True)

@@ -107,14 +107,20 @@ def test_batch_norm_statistics_are_the_workers_average_in_ring_and_tf_collective
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_parity_runs_ringtrain_and_the_plain_horovod_script_side_by_side(tmp_path):
-    """`ringtrain-bench parity`, one tiny round: both under mpirun -np 2 on the
-    same network; their images/s and the ratio of the two in the report."""
+    """`ringtrain-bench parity`, one tiny round: all under mpirun -np 2 on the
+    same network, the plain script with ringtrain's OpenMPI settings and with
+    OpenMPI's defaults; their images/s and the ratios in the report."""
     out = run_ok([*BENCH, "parity", "--model", "keras:MobileNetV3Small", "--batch-size", "4", "--steps", "4",
                   "--warmup-steps", "1", "--rounds", "1", "--out", str(tmp_path)], timeout=360)
     result = json.loads((tmp_path / "parity.json").read_text())
     [row] = result["rows"]
     assert row["plain_images_per_sec"] > 0 and row["ringtrain_images_per_sec"] > 0
     assert row["ratio"] == pytest.approx(row["ringtrain_images_per_sec"] / row["plain_images_per_sec"])
+    assert row["settings_ratio"] == pytest.approx(row["plain_images_per_sec"] / row["plain_ompi_defaults_images_per_sec"])
+    settings = {tag: json.loads([line for line in (tmp_path / "runs" / f"{tag}-r1.log").read_text().splitlines()
+                                 if line.startswith("{")][-1])["mpi_settings"] for tag in ("plain", "plain-ompi-defaults")}
+    assert settings["plain"]["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    assert "OMPI_MCA_mpi_yield_when_idle" not in settings["plain-ompi-defaults"]
     ours = json.loads((tmp_path / "runs" / "ringtrain-r1.json").read_text())
     assert ours["model"] == "keras:MobileNetV3Small" and ours["world_size"] == 2 and ours["timed_samples"] == 2 * 4 * 3
     assert "ringtrain ÷ plain" in out and "ringtrain ÷ plain" in (tmp_path / "report.html").read_text()
