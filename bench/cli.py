@@ -10,8 +10,9 @@ import time
 from ringtrain.bench import expectations
 from ringtrain.bench.publish import publish
 from ringtrain.workloads.errors import UsageError, run_cli
-from ringtrain.workloads.flags import (OneLineParser, finite_float, image_shape, model_name, non_negative_float,
-                                      non_negative_int, positive_float, positive_int)
+from ringtrain.workloads.flags import (DEFAULT_MODEL, OneLineParser, finite_float, image_shape, model_name,
+                                      non_negative_float, non_negative_int, positive_float, positive_int,
+                                      simulated_accelerator)
 from ringtrain.workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS, knob_env
 from ringtrain.workloads.outputs import check_outputs
 
@@ -33,7 +34,7 @@ EXAMPLES = """examples:
 
   your own model: what it sends per step, and a profile file that the simulated accelerator trains on:
   ringtrain-bench profile --model keras:ResNet50 --image-shape 224x224x3 --num-classes 1000 --step-ms 292 --out r50.json
-  ringtrain-bench scaling --cluster 4 --model r50.json --np 1,2,4 --out r
+  ringtrain-bench scaling --cluster 4 --simulate-gpu r50.json --np 1,2,4 --out r
   ringtrain-bench parity --model keras:ResNet50 --np 2 --rounds 3 --out r   # against a plain Horovod script
 
   past this machine: the α-β model at 8..512 GPUs, 4 a host, ring against PS (nothing runs):
@@ -186,9 +187,10 @@ def add_scaling_flags(p, modes_default):
                    help="TF threads per worker (default 1)")
     g.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="adam",
                    help="the trainers' optimizer (default %(default)s)")
-    g.add_argument("--simulate-gpu", type=positive_float, metavar="MS",
+    g.add_argument("--simulate-gpu", type=simulated_accelerator(), metavar="MS|FILE.json",
                    help="workers run a simulated accelerator of MS per step (resnet50, resnet101 and vgg16 always "
-                        "do, by default with a published P100 step time: bench/COLUMNS.md)")
+                        "do, by default with a published P100 step time: bench/COLUMNS.md), or of a profile "
+                        "FILE.json from `profile`: its model's tensors at its step time")
     g.add_argument("--alpha-beta", metavar="FILE",
                    help="on this machine: allreduce.json to fit the α-β model from (default: "
                         "OUT/allreduce.json if present); across hosts the bench fits its links itself")
@@ -216,16 +218,17 @@ def add_tradeoff_flags(p, steps, data, simulate):
                    help="default %(default)s")
     g.add_argument("--repeats", type=positive_int, default=1, metavar="R",
                    help="run everything R times, in interleaved rounds; tables show medians (default 1)")
-    g.add_argument("--simulate-gpu", type=non_negative_float, default=simulate, metavar="MS",
+    g.add_argument("--simulate-gpu", type=simulated_accelerator(non_negative_float), default=simulate,
+                   metavar="MS|FILE.json",
                    help="workers run a simulated accelerator of MS per step, waits that use no CPU, so that "
-                        "W + 1 workers on few cores do not slow each other; 0: real compute "
-                        f"(default {simulate:g})")
+                        "W + 1 workers on few cores do not slow each other, or of a profile FILE.json from "
+                        f"`profile`; 0: real compute (default {simulate:g})")
 
 
-def add_run_flags(p, np_type, np_default, np_help, timeout, model_help="default %(default)s"):
+def add_run_flags(p, np_type, np_default, np_help, timeout, model_help=f"default {DEFAULT_MODEL}"):
     """The flags every subcommand has: rank counts, model, output folder, time limit."""
     p.add_argument("--np", type=np_type, default=np_default, help=np_help)
-    p.add_argument("--model", default="mnist_cnn", type=model_name, metavar="NAME",
+    p.add_argument("--model", type=model_name, metavar="NAME",
                    help=model_help + "; as the trainers' --model: a catalog name, keras:NAME, "
                                      "package.module:function or a profile FILE.json")
     p.add_argument("--timeout", type=positive_float, default=timeout,
@@ -269,7 +272,7 @@ def parser():
                        "MPI_Allreduce, the reference ring",
                        **common)
     add_run_flags(a, int_list, [2], "ranks, e.g. 2 or 2,4 (default 2)", timeout=900,
-                  model_help="whose gradient size to add (default %(default)s)")
+                  model_help=f"whose gradient size to add (default {DEFAULT_MODEL})")
     add_allreduce_flags(a)
     add_horovod_flags(a)
     add_site_flags(a)
@@ -356,7 +359,7 @@ def parser():
     pa.add_argument("--timeout", type=positive_float, default=600, metavar="SEC", help="per run (default 600)")
     add_output_flags(pa)
     pr = sub.add_parser("profile", help="a model's parameters, gradient bytes and tensors, one step timed here, "
-                        "and a gradient profile FILE.json for --model", **common)
+                        "and a gradient profile FILE.json for --simulate-gpu (or --model)", **common)
     pr.add_argument("--model", required=True, type=model_name, metavar="NAME",
                     help="a catalog name, keras:NAME or package.module:function")
     pr.add_argument("--image-shape", type=image_shape, metavar="HxWxC",
@@ -370,7 +373,7 @@ def parser():
     pr.add_argument("--step-ms", type=positive_float, metavar="MS",
                     help="the step time to write into the profile, e.g. a published GPU figure "
                          "(default: the one measured here)")
-    pr.add_argument("--out", metavar="FILE.json", help="write the profile here, for --model FILE.json")
+    pr.add_argument("--out", metavar="FILE.json", help="write the profile here, for --simulate-gpu FILE.json")
     return p
 
 
@@ -387,7 +390,8 @@ def run_profile(args):
         if not result["step_ms"]:
             raise UsageError("the profile needs a step time: give --step-ms MS, or --measure-steps K")
         profile.write(result, args.out)
-        print(f"ringtrain-bench: profile written to {args.out}: train it with --model {args.out}", file=sys.stderr)
+        print(f"ringtrain-bench: profile written to {args.out}: train on it with --simulate-gpu {args.out}",
+              file=sys.stderr)
     return 0
 
 

@@ -68,9 +68,6 @@ def train(config, collective, cluster, dataset):
     from ringtrain.workloads.evaluation import metrics_of
     from ringtrain.workloads.tfenv import set_threads
     set_threads(config.data.threads)  # (before the strategy: TF's runtime starts with it)
-    # The loop's small gathers and sums (a log line's loss, the end's reports) make TF
-    # retrace its gather for each new shape and say so, again and again: not news.
-    tf.get_logger().setLevel("ERROR")
     # TF: pin each worker to the GPU of its place among its host's workers, where there are GPUs.
     device = pin_gpu(local_index(workers, rank) if workers else 0)
     if workers:
@@ -139,17 +136,17 @@ def make_train_step(tf, strategy, model, optimizer, statistics=()):
             # TF: divided by the global batch's samples, the SUM of the workers'
             # gradients is exactly the global batch's gradient.
             loss = loss_sum / global_count
+        if statistics:
+            # TF: batch norm's moving statistics, which the forward pass moved towards this worker's
+            # batch, averaged over the workers (one packed all-reduce): every worker holds one model.
+            means = tf.distribute.get_replica_context().all_reduce("MEAN", [tf.identity(v) for v in statistics])
+            for variable, mean in zip(statistics, means):
+                variable.assign(mean)
         grads = tape.gradient(loss, model.trainable_variables)
         # TF: the optimizer all-reduces the gradients (SUM, every gradient packed into one
         # collective) and applies the sum on every worker alike; the workers first agree
         # whether it is finite, so that all of them apply it, or skip it, together.
         applied = apply_if_finite(optimizer, grads, model.trainable_variables, agree=True)
-        if statistics:
-            # TF: batch norm's moving statistics, from each worker's own batches, averaged over
-            # the workers (one packed all-reduce): every worker holds the same model.
-            means = tf.distribute.get_replica_context().all_reduce("MEAN", [tf.identity(v) for v in statistics])
-            for variable, mean in zip(statistics, means):
-                variable.assign(mean)
         return loss_sum, tf.reduce_sum(weights), applied
 
     @step_function
@@ -175,6 +172,9 @@ class CollectiveAgreement:
     def __init__(self, tf, strategy, rank, size):
         self.tf, self.strategy, self.rank, self.size = tf, strategy, rank, size
         self._hosts = None
+        # Gathers of new shapes (a log line's loss, the end's reports) make TF retrace its
+        # gather and say so, again and again: not news.
+        tf.get_logger().setLevel("ERROR")
 
     def sum(self, values):
         total = self.strategy.reduce("SUM", self.tf.constant(values, self.tf.float64), axis=None)

@@ -90,6 +90,7 @@ def train_on_this_world(hvd, run, horovod, dataset, model, optimizer, progress, 
 
 
 def make_train_step(hvd, horovod, model, optimizer, statistics=()):
+    import numpy as np
     import tensorflow as tf
     from ringtrain.workloads import models
     from ringtrain.workloads.gradients import apply_if_finite
@@ -105,6 +106,14 @@ def make_train_step(hvd, horovod, model, optimizer, statistics=()):
             # Horovod: divide by the global batch's mean per-rank share, not the local
             # count, so that averaging over ranks gives exactly the global batch's gradient.
             loss = loss_sum / (global_count / hvd.size())
+        if statistics and not horovod.no_allreduce:
+            # Horovod: batch norm's moving statistics, which the forward pass moved towards this
+            # rank's batch, averaged over the ranks while backprop runs: every rank holds one model.
+            # (One flat tensor: a grouped allreduce of ResNet-50's 106 cost 7-10 % of its step.)
+            flat = hvd.allreduce(tf.concat([tf.reshape(v, [-1]) for v in statistics], 0), op=hvd.Average,
+                                 name="moving_statistics")
+            for variable, mean in zip(statistics, tf.split(flat, [int(np.prod(v.shape)) for v in statistics])):
+                variable.assign(tf.reshape(mean, variable.shape))
         if not horovod.no_allreduce:
             # Horovod: each gradient's allreduce starts as soon as backprop produces it.
             tape = hvd.DistributedGradientTape(tape, compression=compression, op=reduce_op)
@@ -112,12 +121,6 @@ def make_train_step(hvd, horovod, model, optimizer, statistics=()):
         # Horovod: after the allreduce every rank holds the same gradients, so every rank
         # applies them, or skips a non-finite update, alike.
         applied = apply_if_finite(optimizer, grads, model.trainable_variables)
-        if statistics and not horovod.no_allreduce:
-            # Horovod: batch norm's moving statistics, from each rank's own batches, averaged
-            # over the ranks: every rank holds the same model.
-            for variable, mean in zip(statistics, hvd.grouped_allreduce(
-                    [tf.convert_to_tensor(v) for v in statistics], op=hvd.Average)):
-                variable.assign(mean)
         return loss_sum, tf.reduce_sum(weights), applied
 
     return train_step

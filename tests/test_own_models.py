@@ -170,6 +170,40 @@ def test_profile_of_the_catalog_and_of_keras_resnet50_agree(tmp_path):
     assert keras_["step_ms"] == 100 and keras_["step_ms_source"] == "given (--step-ms)"
 
 
+def tiny_profile(tmp_path, model="my_net"):
+    """A gradient profile as ringtrain-bench profile writes one: two layers, a 20 ms step."""
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"model": model, "step_ms": 20, "layers": [
+        ["dense", [["kernel", [784, 32]], ["bias", [32]]]], ["head", [["kernel", [32, 10]], ["bias", [10]]]]]}))
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_profile_given_to_simulate_gpu_is_the_model_it_trains(tmp_path):
+    profile = tiny_profile(tmp_path)
+    summary = last_json(run_ok([RINGTRAIN, "--simulate-gpu", profile, "--steps", "4", "--warmup-steps", "1",
+                                *ONE_THREAD], timeout=100))
+    assert summary["model"] == profile
+    assert summary["gradient_bytes"] == 4 * (784 * 32 + 32 + 32 * 10 + 10)  # the profile's tensors
+    assert min(summary["step_time_sec"]) >= 0.020  # at the profile's step time
+
+
+def test_a_profile_given_to_simulate_gpu_takes_no_other_model_and_a_bad_one_is_one_line(tmp_path):
+    profile = tiny_profile(tmp_path)
+    for tool in ("ringtrain", "ps-baseline", "ringtrain-bench"):
+        words = ["launch"] if tool == "ps-baseline" else ["scaling", "--out", str(tmp_path / "r")] \
+            if tool == "ringtrain-bench" else []
+        assert_one_line_error([os.path.join(BIN, tool), *words, "--model", "mnist_mlp", "--simulate-gpu", profile],
+                              f"is my_net's profile, its tensors and its step time: drop --model mnist_mlp",
+                              code=2, env=EXAMPLES_ENV)
+    assert_one_line_error([RINGTRAIN, "--simulate-gpu", str(tmp_path / "none.json")],
+                          f"--simulate-gpu {tmp_path / 'none.json'}: cannot read the profile", code=2)
+    (tmp_path / "bad.json").write_text("{")
+    assert_one_line_error([RINGTRAIN, "--simulate-gpu", str(tmp_path / "bad.json")], "is not a gradient profile",
+                          code=2)
+
+
 # (The ones that import TensorFlow, to find the model, take seconds each: not in the quick suite.)
 SLOW = pytest.mark.slow
 

@@ -77,19 +77,20 @@ def check_compatible(model_name, dataset):
                          f"has {tuple(dataset.train_images.shape[1:])}: pick a matching pair")
 
 
-def read_profile(path):
+def read_profile(path, flag="--model"):
     """A gradient profile file: {"model", "step_ms", "layers": [[layer, [[var, shape]...]]...]},
-    read once (flag parsing, the step time and the gradient layers all ask for it)."""
+    read once (flag parsing, the step time and the gradient layers all ask for
+    it); `flag` is the one that named it, for a bad file's one line."""
     try:
         stamp = os.stat(path).st_mtime_ns
     except OSError as e:
-        raise UsageError(f"--model {path}: cannot read the profile ({e.strerror}): write one with "
+        raise UsageError(f"{flag} {path}: cannot read the profile ({e.strerror}): write one with "
                          f"ringtrain-bench profile") from None
-    return _read_profile(path, stamp)
+    return _read_profile(path, stamp, flag)
 
 
 @functools.lru_cache(maxsize=8)
-def _read_profile(path, stamp):
+def _read_profile(path, stamp, flag):
     try:
         with open(path) as f:
             profile = json.load(f)
@@ -97,12 +98,12 @@ def _read_profile(path, stamp):
                   for layer, variables in profile["layers"]]
         step_ms = float(profile["step_ms"])
     except OSError as e:
-        raise UsageError(f"--model {path}: cannot read the profile ({e.strerror}): write one with "
+        raise UsageError(f"{flag} {path}: cannot read the profile ({e.strerror}): write one with "
                          f"ringtrain-bench profile") from None
     except (ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"--model {path} is not a gradient profile ({type(e).__name__}: {e}): write one "
+        raise UsageError(f"{flag} {path} is not a gradient profile ({type(e).__name__}: {e}): write one "
                          f"with ringtrain-bench profile --out FILE.json") from None
     if not layers or not step_ms > 0:
-        raise UsageError(f"--model {path}: the profile has no layers or no positive step_ms: write it again "
+        raise UsageError(f"{flag} {path}: the profile has no layers or no positive step_ms: write it again "
                          f"with ringtrain-bench profile --step-ms MS")
     return {"model": profile.get("model", os.path.basename(path)), "step_ms": step_ms, "layers": layers}

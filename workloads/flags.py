@@ -10,12 +10,42 @@ from ringtrain.workloads.data import DATASETS
 from ringtrain.workloads.errors import UsageError
 
 
+DEFAULT_MODEL = "mnist_cnn"
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr and exit status 2."""
+    """argparse, but a bad flag is one line on stderr and exit status 2. In
+    every command that takes --model, the model is settled here, as the user
+    gave it (settle_model): the commands never see it unsettled."""
 
     def error(self, message):
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
         raise SystemExit(2)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        try:
+            settle_model(namespace)
+        except UsageError as e:
+            self.error(str(e))
+        return namespace, extras
+
+
+def settle_model(args):
+    """--model and --simulate-gpu as one: a gradient profile FILE.json given to
+    --simulate-gpu is the model (its tensors, its step time), and --model may
+    then only name it; without --model, the default model."""
+    if not hasattr(args, "model"):
+        return
+    profile = getattr(args, "simulate_gpu", None)
+    if isinstance(profile, str):
+        named = catalog.read_profile(profile, "--simulate-gpu")["model"]
+        if args.model not in (None, profile, named):
+            raise UsageError(f"--simulate-gpu {profile} is {named}'s profile, its tensors and its step time: drop "
+                             f"--model {args.model}, or simulate {args.model} with --simulate-gpu MS")
+        args.model, args.simulate_gpu = profile, None
+    elif args.model is None:
+        args.model = DEFAULT_MODEL
 
 
 def positive_int(text):
@@ -54,6 +84,23 @@ def non_negative_float(text):
     return value
 
 
+def simulated_accelerator(number=None):
+    """--simulate-gpu's type: a step time MS (`number` parses it: positive by
+    default), or a gradient profile FILE.json, as ringtrain-bench profile writes
+    one, whose tensors and step time the simulated accelerator takes."""
+    number = number or positive_float
+
+    def parse(text):
+        if text.endswith(".json"):
+            try:
+                catalog.read_profile(text, "--simulate-gpu")
+            except UsageError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+            return text
+        return number(text)
+    return parse
+
+
 def model_name(text):
     """--model: a catalog name, keras:NAME, package.module:function or a
     profile FILE.json (checked without imports here; load_training_data
@@ -80,8 +127,8 @@ def add_training_flags(parser, summary_json=True):
     training loop (workloads/loop.py) does in every mode. summary_json=False
     leaves --summary-json to a launcher that defines its own."""
     g = parser.add_argument_group("model and data (every mode)")
-    g.add_argument("--model", default="mnist_cnn", type=model_name, metavar="NAME",
-                   help=f"one of {', '.join(sorted(MODEL_SPECS))} (default %(default)s); keras:NAME, a network "
+    g.add_argument("--model", type=model_name, metavar="NAME",
+                   help=f"one of {', '.join(sorted(MODEL_SPECS))} (default {DEFAULT_MODEL}); keras:NAME, a network "
                         "of keras.applications (e.g. keras:ResNet50, built with weights=None); "
                         "package.module:function, your own model factory (README: your own model); or a "
                         "gradient profile FILE.json written by ringtrain-bench profile")
@@ -105,11 +152,12 @@ def add_training_flags(parser, summary_json=True):
     g.add_argument("--seed", type=non_negative_int, default=0, help="weights and shuffling (default 0)")
     g.add_argument("--no-dropout", action="store_true",
                    help="disable dropout (deterministic runs, e.g. equivalence checks)")
-    g.add_argument("--simulate-gpu", type=positive_float, metavar="MS",
+    g.add_argument("--simulate-gpu", type=simulated_accelerator(), metavar="MS|FILE.json",
                    help="a simulated accelerator: forward and backward become a wait of MS per step "
                         "that uses no CPU, spread over the layers in backprop order; the gradients "
                         "keep their real shapes and are really exchanged (resnet50, resnet101 and vgg16 always "
-                        "run this way, by default with a published P100 step time)")
+                        "run this way, by default with a published P100 step time). Or a profile FILE.json "
+                        "from ringtrain-bench profile: its model's tensors, at its step time")
     g.add_argument("--sync-batch-norm", action="store_true",
                    help="ring and TF collective modes, Keras models: batch norm over the global batch (Horovod's "
                         "SyncBatchNormalization; Keras' synchronized=True), so N workers x batch b train as one "
