@@ -40,6 +40,7 @@ EXAMPLES = """examples:
   past this machine: the α-β model at 8..512 GPUs, 4 a host, ring against PS (nothing runs):
   ringtrain-bench project --model resnet101 --gpus-per-host 4 --link-rate 25gbit --out r
   ringtrain-bench project --model r50.json --alpha-beta r/1gbit/scaling.json --out r
+  ringtrain-bench project --check r/1gbit/scaling.json --fit-up-to 4 --out r   # the model against a measured run
 
   your own line through the results; exit 1 when it does not hold:
   ringtrain-bench scaling --np 1,2 --expect 'mode=ring,workers=2: efficiency >= 0.7' --out r
@@ -328,6 +329,11 @@ def parser():
                        help="the links' α and β as a bench run fitted them across hosts (its scaling.json)")
     links.add_argument("--link-rate", type=rate_list, metavar="RATE[,RATE...]",
                        help="links between hosts, e.g. 25gbit,100gbit, with --latency-us as α")
+    links.add_argument("--check", metavar="RUN/scaling.json",
+                       help="check the model against a run across hosts instead: fitted on its rows of at most "
+                            "--fit-up-to workers, against its measured rows of more")
+    pj.add_argument("--fit-up-to", type=positive_int, default=4, metavar="K",
+                    help="with --check: fit on the rows of at most K workers (default %(default)s)")
     pj.add_argument("--placement", choices=["greedy", "round_robin", "partitioned"], default="greedy",
                     help="how PS tasks hold the variables, as in ps-baseline (default %(default)s)")
     pj.add_argument("--fit-at", type=positive_int, metavar="N",
@@ -556,6 +562,11 @@ def run_parity(args, log):
 
 def run_project(args, log):
     from ringtrain.bench import allreduce, project
+    if args.check:
+        from ringtrain.bench import project_check
+        result = project_check.check(args.check, args.fit_up_to)
+        print(project_check.write(result, args.out), flush=True)
+        return result
     from ringtrain.multihost.simcluster import rate_bits_per_sec
     from ringtrain.workloads.catalog import check_model
     spec = check_model(args.model)
@@ -622,7 +633,7 @@ def _main(argv):
     except RuntimeError as e:
         print(f"ringtrain-bench: {e}", file=sys.stderr)
         return 1
-    checked = publish(args.command, args.out, args.expect)
+    checked = publish("project-check" if getattr(args, "check", None) else args.command, args.out, args.expect)
     print(expectations.markdown(checked), end="", flush=True)
     print(f"ringtrain-bench: {args.command} done in {time.time() - start:.0f} s; results in {args.out} "
           f"(open {os.path.join(args.out, 'report.html')} in a browser)", file=sys.stderr)

@@ -17,6 +17,7 @@ REPORTS = {
     "straggler": (("straggler",), "One slow worker: sync against async", ("Straggler bench", "Simulated accelerator")),
     "convergence": (("convergence",), "Time to accuracy: sync against async", ("Convergence bench",)),
     "project": (("project",), "Projected scaling: ring against PS", ("Projection",)),
+    "project-check": (("project-check",), "The projection's model against a measured run", ("Projection",)),
     "parity": (("parity",), "ringtrain against a plain Horovod script", ("Parity bench",)),
 }
 

@@ -167,6 +167,7 @@ def run(cfg, out_dir, log=print, site=None):
 def site_facts(site, cfg):
     return {"label": site.label, "across_hosts": site.across_hosts, "link_rate": site.link_rate,
             "dilation": site.dilation, "hosts": len(site.hosts) or 1,
+            "hosts_share_cores": site.cluster is not None,  # a simulated cluster: every host is this machine
             "simulated_gpu_ms": simulated_step_ms(cfg["model"], cfg.get("simulate_gpu_ms"))}
 
 

@@ -91,8 +91,61 @@ def test_the_command_writes_its_tables_plot_and_page(tmp_path):
     (["--alpha-beta", "/nonexistent.json"], "--alpha-beta /nonexistent.json: cannot read it"),
     (["--link-rate", "fast"], "write tc rates such as 1gbit,10gbit"),
     (["--model", "mnist_cnn", "--link-rate", "25gbit"], "mnist_cnn has no published step time: give --step-ms"),
-    ([], "one of the arguments --alpha-beta --link-rate is required"),
+    ([], "one of the arguments --alpha-beta --link-rate --check is required"),
+    (["--check", "/nonexistent.json"], "--check /nonexistent.json: cannot read it"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, expected):
     from helpers import assert_one_line_error
     assert_one_line_error([*BENCH, "project", *args, "--out", str(tmp_path)], expected, code=2)
+
+
+def recorded_run(folder, steps_ms):
+    """A run across hosts as ringtrain-bench scaling writes one: ring at N = 1, 2, 4, 8
+    on hosts that share one machine's cores, and its links' allreduce timings
+    (1/β = 100 MB/s at 2 and 4 ranks; 8 ranks much slower, which a fit on N <= 4 never sees)."""
+    grad, runs = 4.8e6, folder / "runs"
+    runs.mkdir(parents=True)
+    (folder / "link-fit").mkdir()
+    timings = [{"impl": "mpi-ring", "world_size": n, "bytes": b, "trial_seconds": [2 * (n - 1) / n * b / 100e6
+                                                                                   * (3 if n == 8 else 1)]}
+               for n in (2, 4, 8) for b in (1e6, 4e6, 16e6)]
+    (folder / "link-fit" / "allreduce.json").write_text(json.dumps({"rows": timings}))
+    rows = []
+    for n, ms in steps_ms.items():
+        summary = {"mode": "ring", "world_size": n, "steps": 10, "images_per_sec": 64 * n / (ms / 1e3),
+                   "window_images_per_sec": [[64 / (ms / 1e3)]] * n, "step_time_sec": [ms / 1e3] * n,
+                   "hosts": [f"h{i + 1}" for i in range(n)], "gradient_bytes": grad,
+                   "allreduce_algorithm": "mpi ring"}
+        (runs / f"ring-n{n}-r1.json").write_text(json.dumps(summary))
+        rows.append({"mode": "ring", "workers": n, "num_ps": 0})
+    site = {"label": "simulated cluster", "across_hosts": True, "link_rate": "1gbit", "dilation": 1.0,
+            "hosts": 8, "simulated_gpu_ms": 200.0, "hosts_share_cores": True}
+    cfg = {"modes": ["ring"], "np": [1, 2, 4, 8], "threads": 1, "scaling": "weak", "batch_size": 64,
+           "global_batch": None}
+    (folder / "scaling.json").write_text(json.dumps({"rows": rows, "config": cfg, "site": site,
+                                                     "environment": {"cores": 2}, "alpha_beta_ps": None}))
+    return str(folder / "scaling.json")
+
+
+def test_the_check_fits_on_the_small_rows_only_and_prices_the_shared_cores(tmp_path):
+    from ringtrain.bench import project_check
+    path = recorded_run(tmp_path, {1: 200.0, 2: 205.0, 4: 220.0, 8: 300.0})
+    result = project_check.check(path, 4)
+    [link], [row] = result["links"], result["rows"]
+    assert link["ring_fit"]["bandwidth_gb_per_sec"] == pytest.approx(0.1)  # the 8-rank timings left out
+    # 4.8 MB over 8 ranks at 100 MB/s (84 ms) hides behind the 133 ms of backward: α-β says 200 ms
+    assert row["workers"] == 8 and row["predicted_step_time_ms"] == pytest.approx(200.0)
+    assert row["error_pct"] == pytest.approx(100 * (200 - 300) / 300)
+    # what α-β left at N = 2 and 4 (5 and 20 ms), per MB the hosts sent (9.6 and 28.8), through the origin
+    kappa = (5 * 9.6 + 20 * 28.8) / (9.6 ** 2 + 28.8 ** 2)
+    assert link["kappa_ms_per_mb"] == pytest.approx(kappa)
+    assert row["predicted_with_shared_cores_ms"] == pytest.approx(200 + kappa * 8 * 1.75 * 4.8)
+    assert "error with shared cores" in project_check.markdown(result)
+
+
+def test_the_check_needs_rows_past_the_fit(tmp_path):
+    from ringtrain.bench import project_check
+    from ringtrain.workloads.errors import UsageError
+    path = recorded_run(tmp_path, {1: 200.0, 2: 205.0})
+    with pytest.raises(UsageError, match="no row with more than 4 workers to check"):
+        project_check.check(path, 4)
