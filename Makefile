@@ -34,21 +34,22 @@ test-quick: install
 bench: install
 	ringtrain-bench report --out bench/results
 
-# Ring against PS across 4 simulated hosts (needs root): the allreduce algorithms on
-# 1 Gbit/s links, then resnet50-sized gradients on a simulated accelerator at 1 Gbit/s
-# and at 10 Gbit/s emulated by a time dilation of 10. Report: bench/results/cluster/scaling.md
+# Horovod's ring, TF's ring and PS across 4 simulated hosts (needs root): the allreduce
+# algorithms on 1 Gbit/s links, then resnet50-sized gradients on a simulated accelerator at
+# 1 Gbit/s and at 10 Gbit/s emulated by a time dilation of 10. Report: bench/results/cluster/scaling.md
 CLUSTER_RUN := --cluster 4 --np 1,2,4 --model resnet50 --optimizer sgd --steps 4 --warmup-steps 1
 bench-cluster: install
 	ringtrain-bench allreduce --cluster 4 --link-rate 1gbit --np 2,4 --model resnet50 --sizes 64K..16M \
 		--trials 2 --warmup-ops 1 --mpi-algorithms ring,rabenseifner,recursive_doubling,default --no-horovod --no-gloo \
 		--out bench/results/cluster/allreduce
-	ringtrain-bench scaling $(CLUSTER_RUN) --link-rate 1gbit --modes ring,ring-gloo,ps-sync,ps-async \
+	ringtrain-bench scaling $(CLUSTER_RUN) --link-rate 1gbit --modes ring,ring-gloo,tf-collective,ps-sync,ps-async \
 		--num-ps 1,N --out bench/results/cluster
-	ringtrain-bench scaling $(CLUSTER_RUN) --link-rate 10gbit --time-dilation 10 --modes ring,ps-sync \
+	ringtrain-bench scaling $(CLUSTER_RUN) --link-rate 10gbit --time-dilation 10 --modes ring,tf-collective,ps-sync \
 		--out bench/results/cluster
 
-# Sync against async: one straggler at 1x, 1.5x, 3x (simulated accelerator, 3 rounds, ~8 min),
-# then time to 97% on the embedded MNIST (3 rounds, ~10 min). Reports: bench/results/sync/*.md
+# Sync against async (Horovod's ring, TF's, sync PS, a backup worker, async PS): one straggler
+# at 1x, 1.5x, 3x (simulated accelerator, 3 rounds), then time to 97% on the embedded MNIST
+# (3 rounds). Reports: bench/results/sync/*.md
 bench-sync: install
 	ringtrain-bench straggler --np 2 --factors 1,1.5,3 --repeats 3 --out bench/results/sync
 	ringtrain-bench convergence --np 2 --target 0.97 --repeats 3 --out bench/results/sync
