@@ -347,8 +347,8 @@ def parser():
                          "ringtrain-bench allreduce on one machine (default: no limit but the link)")
     add_output_flags(pj)
     pa = sub.add_parser("parity", help="ringtrain against a plain Horovod script (examples/plain_horovod.py) "
-                        "on the same Keras Applications network, batch and threads (the script with ringtrain's OpenMPI settings and "
-                        "with OpenMPI's defaults), in rotating rounds", **common)
+                        "on the same Keras Applications network, batch and threads (the script with ringtrain's "
+                        "OpenMPI settings and with OpenMPI's defaults), in rotating rounds", **common)
     pa.add_argument("--model", default="keras:ResNet50", type=keras_application, metavar="keras:NAME",
                     help="a keras.applications network (default %(default)s)")
     pa.add_argument("--np", type=positive_int, default=2, metavar="N", help="ranks, under mpirun (default 2)")

@@ -6,7 +6,6 @@ synchronous PS training with P = 1, N/4 and N parameter servers.
 Inputs: a model's gradient bytes (its profile) and one GPU's step time; the
 links' α (per message) and β (per byte) from a bench run's fit, or from a
 rate and a latency given by hand. Every report lists ASSUMPTIONS."""
-import json
 import math
 import os
 
@@ -152,12 +151,7 @@ def line_label(r):
 def fits_from(path, ranks=None):
     """(ring fit, PS fit) of a bench run's scaling.json or allreduce.json: the
     ring's over every rank count it measured, or the one at `ranks`."""
-    try:
-        with open(path) as f:
-            result = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--alpha-beta {path}: cannot read it ({e}): give a scaling.json or allreduce.json "
-                         "that ringtrain-bench wrote") from None
+    result = tables.read_result(path, "--alpha-beta", "a scaling.json or allreduce.json that ringtrain-bench wrote")
     if "alpha_beta_ps" in result:  # scaling.json: fitted across its hosts (one fit, or one per rank count)
         from ringtrain.bench.scaling_rows import fit_at
         ring, ps = result.get("alpha_beta"), result.get("alpha_beta_ps")

@@ -21,6 +21,7 @@ import json
 import os
 
 from ringtrain.bench import stats, tables
+from ringtrain.bench.scaling_report import link_text
 from ringtrain.bench.scaling_rows import ALLREDUCE_MODES, build
 from ringtrain.workloads.errors import UsageError
 from ringtrain.workloads.numbers import median, percent
@@ -49,12 +50,7 @@ def check(path, fit_up_to):
 def per_link(path):
     """[(one link's scaling result, its folder)] of a scaling.json: one link's, or
     the report of several (`--cluster ... --link-rate R1,R2`)."""
-    try:
-        with open(path) as f:
-            result = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--check {path}: cannot read it ({e}): give the scaling.json of a run across "
-                         "hosts") from None
+    result = tables.read_result(path, "--check", "the scaling.json of a run across hosts")
     if "links" in result:
         top = os.path.dirname(os.path.abspath(path))
         return [(r, os.path.join(top, link_folder(r))) for r in result["links"]]
@@ -154,13 +150,13 @@ def markdown(result):
             f"section Projection).\n\n")
     for link in result["links"]:
         ring, tf = link["ring_fit"], link["tf_fit"]
-        text += (f"- {link['link_rate']}{' (÷' + format(link['time_dilation'], 'g') + ')' if (link['time_dilation'] or 1) != 1 else ''}: "
-                 f"ring α = {ring['alpha_sec'] * 1e6:.1f} us, 1/β = {(ring['bandwidth_gb_per_sec'] or 0) * 1e3:.1f} MB/s"
+        text += (f"- {link_text(link)}: ring α = {ring['alpha_sec'] * 1e6:.1f} us, "
+                 f"1/β = {(ring['bandwidth_gb_per_sec'] or 0) * 1e3:.1f} MB/s"
                  + (f"; TF's ring 1/β = {(tf['bandwidth_gb_per_sec'] or 0) * 1e3:.1f} MB/s" if tf else "")
                  + (f"; the shared cores cost {link['kappa_ms_per_mb']:.3f} ms per MB the hosts send per step"
                     if link["kappa_ms_per_mb"] is not None else "; hosts with cores of their own") + "\n")
     text += "\n" + tables.markdown(COLUMNS, [{
-        "link": r["link_rate"] + (f" (÷{r['time_dilation']:g})" if (r["time_dilation"] or 1) != 1 else ""),
+        "link": link_text(r),
         "mode": r["mode"], "n": f"{r['workers']} ({r['num_ps']})" if r["num_ps"] else str(r["workers"]),
         "measured": tables.fmt(r["step_time_ms"], 1), "alpha_beta": tables.fmt(r["predicted_step_time_ms"], 1),
         "error": percent(r["error_pct"], signed=True),

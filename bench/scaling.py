@@ -124,9 +124,10 @@ def load_alpha_beta(path):
         return {}
     with open(path) as f:
         ar = json.load(f)
-    fits = ar.get("alpha_beta", {})
-    return {family: fits.get(ar.get(f"alpha_beta_used_for_{key}predictions"))
-            for family, key in (("ring", ""), ("tf", "tf_"), ("ps", "ps_"))}
+    fits, used = ar.get("alpha_beta", {}), {"ring": "alpha_beta_used_for_predictions",
+                                             "tf": "alpha_beta_used_for_tf_predictions",
+                                             "ps": "alpha_beta_used_for_ps_predictions"}
+    return {family: fits.get(ar.get(key)) for family, key in used.items()}
 
 
 def fit_links(cfg, out_dir, site, log):
@@ -138,10 +139,10 @@ def fit_links(cfg, out_dir, site, log):
                            model=cfg["model"], trials=2, warmup=1, gloo=False, horovod=False, timeout=cfg["timeout"],
                            site=site, mpi_algorithms=["ring"], log=log, tf="tf-collective" in cfg["modes"])
 
-    def per_rank_count(impl):  # {"N": fit at N ranks, "all": over every N}
+    def fits_of(impl):  # {"N": fit at N ranks, "all": over every N}
         return {key.partition("@")[2] or "all": fit for key, fit in result["alpha_beta"].items()
                 if key.partition("@")[0] == impl} or None
-    return {"ring": per_rank_count("mpi-ring"), "tf": per_rank_count(allreduce.TF_FIT_IMPL),
+    return {"ring": fits_of("mpi-ring"), "tf": fits_of(allreduce.TF_FIT_IMPL),
             "ps": result["alpha_beta"].get("grpc-ps")}
 
 

@@ -204,7 +204,8 @@ def overlap_and_transport(result, ring, tf):
     fit (the same exchange, after backprop) over Horovod's step is the
     overlap; TF's step over that is TF's ring against OpenMPI's on the same links."""
     from ringtrain.bench.scaling_rows import fit_at
-    fits, nbytes, n = (result.get("alpha_beta"), result.get("alpha_beta_tf")), result.get("gradient_bytes"), tf["workers"]
+    fits, nbytes, n = (result.get("alpha_beta"), result.get("alpha_beta_tf")), result.get("gradient_bytes"), \
+        tf["workers"]
     if not all(fits) or not nbytes or n < 2 or not ring["predicted_step_time_ms"] or not tf["predicted_step_time_ms"]:
         return ""
     horovod_fit, tf_fit = (fit_at(f, n) for f in fits)

@@ -2,6 +2,7 @@
 measurement, the same columns every time, each defined in bench/COLUMNS.md."""
 import csv
 import io
+import json
 import os
 
 
@@ -69,6 +70,17 @@ def parse_sizes(text, factor=4):
             s *= factor
         return sizes
     return [parse_size(t) for t in text.split(",") if t.strip()]
+
+
+def read_result(path, flag, hint):
+    """A bench's JSON result that a flag names, or a one-line error that names
+    the flag, the file and what to give instead."""
+    from ringtrain.workloads.errors import UsageError
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{flag} {path}: cannot read it ({e}): give {hint}") from None
 
 
 def write_report(out_dir, stem, text, csv_keys, result):
