@@ -1,6 +1,7 @@
 """No silent hang: a frozen chief (SIGSTOP: alive, holding its sockets,
 answering TCP connects, doing nothing) is named by the others, and the job
-ends within --stall-timeout plus a margin."""
+ends within --stall-timeout plus a margin; so is a TF collective worker that
+is killed where no launcher ends the job."""
 import os
 import signal
 import time
@@ -46,3 +47,25 @@ def test_a_frozen_chief_is_named_by_the_others_and_the_job_ends(tmp_path):
     lines = [line for line in log.splitlines() if "ringtrain: error:" in line]
     assert len(lines) == 1 and "Traceback" not in log, log[-3000:]
     assert "the chief, rank 0 (" in lines[0] and "stopped answering" in lines[0] and "--resume" in lines[0], lines
+
+
+def test_a_killed_tf_collective_worker_launched_by_tf_config_is_named_and_the_job_ends(tmp_path):
+    """TF's own launch (one process per worker, TF_CONFIG, no mpirun to end the
+    job): worker 1 is killed mid-training; worker 0 names it in one line and exits."""
+    import json
+    from ringtrain.multihost.net import free_ports
+    workers = [f"localhost:{port}" for port in free_ports(2)]
+    config = lambda i: json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+    with Tasks(str(tmp_path)) as tasks:
+        for i in (0, 1):
+            tasks.start(f"worker{i}", ["env", f"TF_CONFIG={config(i)}", os.path.join(BIN, "ringtrain"),
+                                       "--backend", "tf-collective", *TRAIN])
+        tasks.wait_for_text("worker0", "step 20/", 120)
+        tasks.kill("worker1")
+        killed = time.monotonic()
+        code = tasks.wait("worker0", STALL + MARGIN)
+        log = tasks.log("worker0")
+    assert code != 0 and time.monotonic() - killed < STALL + MARGIN, (code, log[-3000:])
+    lines = [line for line in log.splitlines() if "ringtrain: error:" in line]
+    assert len(lines) == 1 and "Traceback" not in log, log[-3000:]
+    assert f"worker 1 at {workers[1]} stopped answering" in lines[0] and "--resume" in lines[0], lines
