@@ -27,7 +27,7 @@ import numpy as np
 
 from ringtrain.bench import launch, sites, stats, tables
 from ringtrain.bench.environment import describe, usable_cores
-from ringtrain.workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, knob_env, mpi_allreduce_env
+from ringtrain.workloads.horovod_env import knob_env, ringtrains_mpi_env
 from ringtrain.workloads.summary import dumps
 
 UPSTREAM_LOOP = knob_env(loop="upstream")
@@ -122,13 +122,13 @@ def launches(np_list, common, knobs, compare_cycle_ms, gloo, horovod, site, mpi_
                                                    hosts=hosts), {}))
         for algorithm in mpi_algorithms:
             # one launch per algorithm: OpenMPI reads its choice once, in MPI_Init
-            env = dict(MPI_YIELD_WHEN_IDLE, **MPI_TCP_LINKS, **mpi_allreduce_env(algorithm))
+            env = ringtrains_mpi_env(algorithm)
             out.append((f"mpi-{algorithm}{tag}", launch.mpirun(
                 n, python + ["--impls", "mpi4py", "--mpi-label", f"mpi-{algorithm}"] + common, cores,
                 env_names=sorted(env), hosts=hosts), env))
         if horovod:
             # Horovod as ring mode trains: OpenMPI yielding when idle, its ring allreduce
-            env = dict(knobs, **MPI_YIELD_WHEN_IDLE, **MPI_TCP_LINKS, **mpi_allreduce_env("ring"))
+            env = dict(knobs, **ringtrains_mpi_env("ring"))
             out.append((f"horovod-mpi{tag}", launch.mpirun(
                 n, python + ["--impls", "horovod", "--horovod-label", "mpi"] + common, cores,
                 env_names=sorted(env), hosts=hosts), env))

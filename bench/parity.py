@@ -18,12 +18,12 @@ import sys
 
 from ringtrain.bench import launch, tables
 from ringtrain.bench.environment import describe, usable_cores
-from ringtrain.workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, mpi_allreduce_env
+from ringtrain.workloads.horovod_env import ringtrains_mpi_env
 from ringtrain.workloads.numbers import median
 
 PLAIN_SCRIPT = os.path.join(launch.REPO, "examples", "plain_horovod.py")
-# ringtrain's own OpenMPI settings (ringtrain/knobs.py), which the plain script gets from the launch
-RINGTRAINS_MPI = dict(MPI_YIELD_WHEN_IDLE, **MPI_TCP_LINKS, **mpi_allreduce_env("ring"))
+# ringtrain's own OpenMPI settings, which the plain script gets from the launch
+RINGTRAINS_MPI = ringtrains_mpi_env()
 IMPLS = ("plain", "plain-ompi-defaults", "ringtrain")  # (the runs' tags)
 COLUMNS = [("round", "round"), ("plain", "plain Horovod img/s"), ("ringtrain", "ringtrain img/s"),
            ("ratio", "ringtrain ÷ plain"), ("defaults", "plain, OpenMPI defaults img/s"),

@@ -21,6 +21,7 @@ import json
 import os
 
 from ringtrain.bench import stats, tables
+from ringtrain.bench.scaling import link_folder
 from ringtrain.bench.scaling_report import link_text
 from ringtrain.bench.scaling_rows import ALLREDUCE_MODES, build
 from ringtrain.workloads.errors import UsageError
@@ -53,17 +54,12 @@ def per_link(path):
     result = tables.read_result(path, "--check", "the scaling.json of a run across hosts")
     if "links" in result:
         top = os.path.dirname(os.path.abspath(path))
-        return [(r, os.path.join(top, link_folder(r))) for r in result["links"]]
+        return [(r, os.path.join(top, link_folder(r["site"]["link_rate"], r["site"].get("dilation") or 1)))
+                for r in result["links"]]
     if not (result.get("site") or {}).get("across_hosts"):
         raise UsageError(f"--check {path}: that run was on one machine: give the scaling.json of a run across "
                          "hosts (--hostfile or --cluster)")
     return [(result, os.path.dirname(os.path.abspath(path)))]
-
-
-def link_folder(result):
-    site = result["site"]
-    dilation = site.get("dilation") or 1
-    return site["link_rate"] + (f"-dilated{dilation:g}" if dilation != 1 else "")
 
 
 def fits_up_to(folder, k):

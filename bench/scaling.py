@@ -172,12 +172,17 @@ def site_facts(site, cfg):
             "simulated_gpu_ms": simulated_step_ms(cfg["model"], cfg.get("simulate_gpu_ms"))}
 
 
+def link_folder(rate, dilation):
+    """The folder of one link rate's results in a --cluster run: 1gbit, 10gbit-dilated10."""
+    return rate + (f"-dilated{dilation:g}" if dilation != 1 else "")
+
+
 def run_links(cfg, out_dir, hosts, link_rates, dilations, log=print):
     """The scaling bench on a simulated cluster of `hosts` hosts, once per link
     rate (each shaped at rate / dilation), into OUT/RATE/, and one report,
     OUT/scaling.md, over every rate measured into OUT (earlier runs' too)."""
     for rate, dilation in zip(link_rates, dilations):
-        label = rate + (f"-dilated{dilation:g}" if dilation != 1 else "")
+        label = link_folder(rate, dilation)
         with sites.simulated(hosts, rate, dilation, log=log) as site:
             run(cfg, os.path.join(out_dir, label), log, site)
     return write_links(out_dir)

@@ -1,15 +1,13 @@
 """Horovod's and OpenMPI's knobs, mapped from ringtrain's flags to the environment."""
 import os
 
-from ringtrain.workloads.horovod_env import MPI_TCP_LINKS, MPI_YIELD_WHEN_IDLE, knob_env, mpi_allreduce_env
+from ringtrain.workloads.horovod_env import knob_env, ringtrains_mpi_env
 from ringtrain.workloads.outputs import parent_made
 
 
 def apply_before_init(horovod):
     """Horovod and MPI read these from the environment in hvd.init()."""
-    mpi_env = dict(mpi_allreduce_env(horovod.mpi_allreduce), **MPI_TCP_LINKS,
-                   **({} if horovod.mpi_busy_wait else MPI_YIELD_WHEN_IDLE))
-    for name, value in mpi_env.items():
+    for name, value in ringtrains_mpi_env(horovod.mpi_allreduce, horovod.mpi_busy_wait).items():
         os.environ.setdefault(name, value)  # a user's own setting wins
     timeline = os.path.abspath(parent_made(horovod.timeline)) if horovod.timeline else None
     os.environ.update(knob_env(horovod.cycle_time_ms, horovod.fusion_threshold_mb, timeline, horovod.horovod_loop))

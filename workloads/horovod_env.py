@@ -46,6 +46,12 @@ def mpi_allreduce_env(algorithm):
             "OMPI_MCA_coll_tuned_allreduce_algorithm": str(MPI_ALLREDUCE_ALGORITHMS[algorithm])}
 
 
+def ringtrains_mpi_env(algorithm="ring", busy_wait=False):
+    """The OpenMPI settings ring mode trains with: `algorithm`'s allreduce, two TCP
+    links per peer, and ranks that yield while they wait (not with busy_wait)."""
+    return dict(mpi_allreduce_env(algorithm), **MPI_TCP_LINKS, **({} if busy_wait else MPI_YIELD_WHEN_IDLE))
+
+
 def allreduce_algorithm_in_effect(controller, environ=None):
     """What carried the gradients, for the summary."""
     env = os.environ if environ is None else environ
