@@ -175,10 +175,20 @@ def check_link(link):
     return link
 
 
-def subnet_of(name):
-    """A /24 of 198.18.0.0/15 per cluster name, stable across runs."""
-    third = 0 if name == "ringtrain" else 1 + zlib.crc32(name.encode()) % 255
-    return f"{SUPERNET[0]}.{SUPERNET[1]}.{third}"
+def free_subnet(name):
+    """A /24 of 198.18.0.0/15 for a new cluster: the one its name hashes to
+    (stable across runs), else the next one no other cluster holds and no
+    route of this machine names. Two names may hash alike; they still get
+    two subnets."""
+    taken = {c.subnet for c in load_all()}
+    routed = set(sh("ip", "route", "show", "table", "all", check=False).stdout.split())
+    first = 0 if name == "ringtrain" else zlib.crc32(name.encode()) % 256
+    for third in sorted(range(256), key=lambda t: (t - first) % 256):
+        subnet = f"{SUPERNET[0]}.{SUPERNET[1]}.{third}.0/24"
+        if subnet not in taken and subnet not in routed:
+            return subnet
+    raise UsageError(f"every /24 of {SUPERNET[0]}.{SUPERNET[1]}.0.0/16 is held by a cluster or a route: "
+                     f"take one down (ringtrain-cluster --name NAME down; their names are the folders of {STATE_ROOT})")
 
 
 # --- building and tearing down -------------------------------------------------
@@ -234,13 +244,12 @@ def _up(name, hosts, link, log, slurm):
         raise UsageError("this kernel has no netem qdisc (sch_netem), so links can be rate-limited "
                          "(tbf) but not delayed or made lossy: use --delay 0ms --loss 0")
     down(name, quiet=True)  # what a crashed run left behind
-    prefix = subnet_of(name)
-    for other in load_all():
-        if other.subnet == f"{prefix}.0/24":
-            raise UsageError(f"cluster {other.name} already uses {other.subnet}: pick another --name")
-    cluster = Cluster(name, f"{prefix}.0/24", link,
+    subnet = free_subnet(name)
+    prefix = subnet.rsplit(".", 1)[0]
+    cluster = Cluster(name, subnet, link,
                       [HostState(f"h{i}", f"{name}-h{i}", f"{prefix}.{i}") for i in range(1, hosts + 1)], slurm)
     os.makedirs(cluster.state_dir, mode=0o700)
+    cluster.save()  # before the route: `down` removes the route the state names, and no other
     # First: nothing sent to this range from the root namespace may take the default route.
     sh("ip", "route", "add", "unreachable", cluster.subnet)
     try:
@@ -480,6 +489,10 @@ def _down(name, quiet, log):
     for leftover in (os.listdir(NETNS_ETC) if os.path.isdir(NETNS_ETC) else []):
         if ours.match(leftover):
             shutil.rmtree(os.path.join(NETNS_ETC, leftover), ignore_errors=True)
+    try:
+        subnet = load(name).subnet
+    except (UsageError, OSError, ValueError, KeyError):
+        subnet = None  # (no state: `up` had not added a route)
     shutil.rmtree(os.path.join(STATE_ROOT, name), ignore_errors=True)
     if os.path.isdir(STATE_ROOT) and not [n for n in os.listdir(STATE_ROOT) if not n.startswith(".")]:
         # the last cluster: what `up` made for all of them goes too
@@ -487,8 +500,10 @@ def _down(name, quiet, log):
             with contextlib.suppress(OSError):
                 os.rmdir(PRIVSEP_DIR)
         shutil.rmtree(STATE_ROOT, ignore_errors=True)
-    # Last: the route that kept cluster traffic on this machine.
-    sh("ip", "route", "del", "unreachable", f"{subnet_of(name)}.0/24", check=False)
+    # Last: the route that kept cluster traffic on this machine (this cluster's, never
+    # another's: two names may hash to one subnet).
+    if subnet:
+        sh("ip", "route", "del", "unreachable", subnet, check=False)
     if not quiet:
         log(f"ringtrain-cluster: {name} is down" + ("" if namespaces else " (nothing was up)"))
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 
 import pytest
 
@@ -234,6 +235,22 @@ def test_down_leaves_no_namespace_interface_process_file_or_route(cluster):
     assert routes.strip() == ""
     status = run([os.path.join(BIN, "ringtrain-cluster"), "--name", name, "status"], timeout=30)
     assert status.returncode != 0 and "is not up" in status.stderr
+
+
+def test_a_name_that_hashes_to_a_held_subnet_gets_another_and_its_down_keeps_the_others_route(cluster):
+    held = int(cluster.subnet.split(".")[2])
+    name = next(n for n in (f"rth{i}" for i in range(100000)) if zlib.crc32(n.encode()) % 256 == held)
+    up = run([os.path.join(BIN, "ringtrain-cluster"), "--name", name, "up", "--hosts", "1"], timeout=120)
+    assert up.returncode == 0, up.stderr
+    try:
+        assert simcluster.load(name).subnet != cluster.subnet
+    finally:
+        done = run([os.path.join(BIN, "ringtrain-cluster"), "--name", name, "down"], timeout=120)
+    assert done.returncode == 0, done.stderr
+    routes = subprocess.run(["ip", "route", "show", cluster.subnet], capture_output=True, text=True).stdout
+    assert routes.startswith("unreachable"), routes
+    again = run(on(cluster, "h1", "true"), timeout=60)  # the held cluster still works
+    assert again.returncode == 0, again.stderr
 
 
 def test_doctor_checks_the_clusters_hostfile_from_a_host(cluster):
