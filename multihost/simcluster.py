@@ -491,7 +491,7 @@ def _down(name, quiet, log):
             shutil.rmtree(os.path.join(NETNS_ETC, leftover), ignore_errors=True)
     try:
         subnet = load(name).subnet
-    except (UsageError, OSError, ValueError, KeyError):
+    except (UsageError, OSError, ValueError, KeyError, TypeError):
         subnet = None  # (no state: `up` had not added a route)
     shutil.rmtree(os.path.join(STATE_ROOT, name), ignore_errors=True)
     if os.path.isdir(STATE_ROOT) and not [n for n in os.listdir(STATE_ROOT) if not n.startswith(".")]:
