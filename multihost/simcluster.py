@@ -183,7 +183,7 @@ def free_subnet(name):
     taken = {c.subnet for c in load_all()}
     routed = set(sh("ip", "route", "show", "table", "all", check=False).stdout.split())
     first = 0 if name == "ringtrain" else zlib.crc32(name.encode()) % 256
-    for third in sorted(range(256), key=lambda t: (t - first) % 256):
+    for third in ((first + k) % 256 for k in range(256)):
         subnet = f"{SUPERNET[0]}.{SUPERNET[1]}.{third}.0/24"
         if subnet not in taken and subnet not in routed:
             return subnet
