@@ -50,10 +50,15 @@ COLUMNS = [("impl", "impl"), ("ranks", "ranks"), ("size", "size"), ("count", "co
 
 def gradient_shapes(model_name):
     """Shapes of the model's trainable variables: the gradients one step allreduces."""
+    return [list(shape) for _, variables in gradient_layers(model_name) for _, shape in variables]
+
+
+def gradient_layers(model_name):
+    """[(layer, [(variable, shape)...])] of the model's trainable variables, in forward order."""
     from ringtrain.workloads.tfenv import import_tensorflow_quietly
     import_tensorflow_quietly()
     from ringtrain.workloads import models
-    return models.gradient_shapes(model_name)
+    return models.gradient_layers(model_name)
 
 
 def busbw_factor(ranks):

@@ -336,6 +336,9 @@ def parser():
                     help="with --check: fit on the rows of at most K workers (default %(default)s)")
     pj.add_argument("--placement", choices=["greedy", "round_robin", "partitioned"], default="greedy",
                     help="how PS tasks hold the variables, as in ps-baseline (default %(default)s)")
+    pj.add_argument("--hierarchical", action="store_true",
+                    help="the ring reduces inside each host first, then across hosts, as "
+                         "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (default: Horovod's default, NCCL's ring through all GPUs)")
     pj.add_argument("--fit-at", type=positive_int, metavar="N",
                     help="with --alpha-beta: the ring's α and β as fitted at N ranks (default: over every N)")
     pj.add_argument("--latency-us", type=positive_float, default=10.0, metavar="US",
@@ -581,9 +584,10 @@ def run_project(args, log):
         fits = {rate: project.link_fit(rate_bits_per_sec(rate), args.latency_us / 1e6) for rate in args.link_rate}
         links = [{"label": rate, "source": f"given, α = {args.latency_us:g} us", "ring": fit, "ps": fit}
                  for rate, fit in fits.items()]
-    shapes = allreduce.gradient_shapes(args.model)
-    cfg = {"model": args.model, "tensor_bytes": [4 * math.prod(s) for s in shapes], "step_ms": step_ms,
-           "placement": args.placement,
+    layers = [[4 * math.prod(shape) for _, shape in variables] for _, variables in allreduce.gradient_layers(args.model)]
+    cfg = {"model": args.model, "tensor_bytes": [b for layer in layers for b in layer],
+           "layer_bytes": [sum(layer) for layer in layers], "step_ms": step_ms, "placement": args.placement,
+           "hierarchical": args.hierarchical,
            "step_source": "given (--step-ms)" if args.step_ms else "the catalog's published P100 step",
            "batch_size": args.batch_size, "np": args.np, "gpus_per_host": args.gpus_per_host, "links": links,
            "intra": project.link_fit(rate_bits_per_sec(args.intra_host_rate[0]), 1e-6),

@@ -15,10 +15,15 @@ from ringtrain.workloads.errors import UsageError
 ASSUMPTIONS = (
     "Weak scaling: every GPU keeps its batch. Efficiency is one GPU's step time over the projected step time.",
     "A GPU's forward pass is a third of its step and its backward pass two thirds.",
-    "Ring: Horovod's hierarchical allreduce on hosts of G GPUs: a ring inside each host on the intra-host "
-    "link (2(G-1)/G of the gradients), then rings across the H hosts, whose links each carry 2(H-1)/H of "
-    "them, with 2(G-1) + 2(H-1) latency steps. It starts as backprop produces gradients, so only what "
-    "outlasts the backward pass is exposed (tensor fusion assumed perfect).",
+    "A GPU's backward pass reaches the layers last to first, in equal shares of it (the profile has no "
+    "per-layer times), and a layer's gradients are ready when its share ends.",
+    "Ring: Horovod's default allreduce, NCCL's ring through all N GPUs, which crosses each host's link once "
+    "each way: 2(N-1) latency steps, each rank sending 2(N-1)/N of the gradients, at the pace of the link "
+    "between hosts. With --hierarchical (HOROVOD_HIERARCHICAL_ALLREDUCE): a ring inside each host on the "
+    "intra-host link (2(G-1)/G of the gradients), then rings across the H hosts, whose links each carry "
+    "2(H-1)/H of them, with 2(G-1) + 2(H-1) latency steps. Horovod overlaps the allreduces with backprop: "
+    "one runs at a time, each taking every gradient ready when it starts (tensor fusion), so what backprop "
+    "makes last is sent after it ends. Horovod's cycle time, fusion threshold and negotiation are not counted.",
     "PS: P tasks spread over the workers' hosts in turn. They hold the model's variables as ps-baseline "
     "places them (--placement: greedy or round_robin place whole variables, so the largest one sets a floor; "
     "partitioned gives every task an even share). Every step, "
@@ -30,10 +35,11 @@ ASSUMPTIONS = (
     "PS transfers go through TF's gRPC: with --grpc-rate, no host moves more than that per direction, "
     "whatever its link.",
     "Ignored: contention in the switches (full bisection bandwidth), stragglers and jitter (every GPU "
-    "steps in time), the PS tasks' CPU for applying updates, and start-up.",
+    "steps in time: each step of N GPUs waits for the slowest), compute slowed by the exchange's own copies "
+    "and kernels, the PS tasks' CPU for applying updates, and start-up.",
 )
-CSV_KEYS = ["model", "link_rate", "gpus", "hosts", "mode", "num_ps", "compute_ms", "exchange_ms", "exposed_ms",
-            "hidden_pct", "step_ms", "images_per_sec", "efficiency"]
+CSV_KEYS = ["model", "link_rate", "gpus", "hosts", "mode", "num_ps", "compute_ms", "exchange_ms", "allreduces",
+            "exposed_ms", "hidden_pct", "step_ms", "images_per_sec", "efficiency"]
 COLUMNS = [("mode_label", "mode"), ("link_rate", "link"), ("gpus", "N GPUs"), ("hosts", "hosts"),
            ("step", "step ms"), ("exchange", "exchange ms"), ("hidden", "hidden %"), ("ips", "images/s"),
            ("eff", "efficiency")]
@@ -44,12 +50,16 @@ def ps_counts(n):
     return sorted({1, max(1, n // 4), n})
 
 
-def ring_exchange_seconds(nbytes, gpus, per_host, link, intra):
-    """Hierarchical ring allreduce: inside each host, then across hosts."""
-    hosts = math.ceil(gpus / per_host)
-    inside = stats.ring_allreduce_seconds(nbytes, min(per_host, gpus), intra["alpha_sec"],
-                                          intra["beta_sec_per_byte"])
-    return inside + stats.ring_allreduce_seconds(nbytes, hosts, link["alpha_sec"], link["beta_sec_per_byte"])
+def ring_allreduce(gpus, per_host, link, intra, hierarchical):
+    """seconds(nbytes) of one allreduce over N GPUs on hosts of G: NCCL's flat
+    ring at the pace of its slowest hop, or inside each host then across hosts."""
+    hosts, inside = math.ceil(gpus / per_host), min(per_host, gpus)
+    ring = stats.ring_allreduce_seconds
+    if hierarchical:
+        return lambda b: (ring(b, inside, intra["alpha_sec"], intra["beta_sec_per_byte"])
+                          + ring(b, hosts, link["alpha_sec"], link["beta_sec_per_byte"]))
+    slowest = link if hosts > 1 else intra
+    return lambda b: ring(b, gpus, slowest["alpha_sec"], slowest["beta_sec_per_byte"])
 
 
 def ps_loads(tensor_bytes, num_ps, placement):
@@ -89,15 +99,17 @@ def project(cfg):
         for n in cfg["np"]:
             base = {"model": cfg["model"], "link_rate": link["label"], "gpus": n,
                     "hosts": math.ceil(n / cfg["gpus_per_host"]), "compute_ms": compute * 1e3}
-            exchange = ring_exchange_seconds(nbytes, n, cfg["gpus_per_host"], link["ring"], cfg["intra"])
-            step = stats.overlapped_step_seconds(compute, stats.forward_and_backward(compute)[1], exchange)
-            rows.append(row(base, "ring", None, step, exchange, compute, cfg["batch_size"], n))
+            allreduce = ring_allreduce(n, cfg["gpus_per_host"], link["ring"], cfg["intra"], cfg["hierarchical"])
+            ring = stats.backprop_exchange(stats.forward_and_backward(compute)[1], cfg["layer_bytes"], allreduce)
+            rows.append(dict(row(base, "ring", None, compute + ring["exposed"], ring["exchange"], compute,
+                                 cfg["batch_size"], n), allreduces=ring["allreduces"]))
             for p in ps_counts(n):
                 step = ps_step_seconds(compute, cfg["tensor_bytes"], n, cfg["gpus_per_host"], p, cfg["placement"],
                                        ps_fit)
                 rows.append(row(base, "ps-sync", p, step, None, compute, cfg["batch_size"], n))
     return {"rows": rows, "assumptions": list(ASSUMPTIONS),
-            "inputs": dict({k: v for k, v in cfg.items() if k not in ("np", "tensor_bytes")}, gradient_bytes=nbytes,
+            "inputs": dict({k: v for k, v in cfg.items() if k not in ("np", "tensor_bytes", "layer_bytes")},
+                           gradient_bytes=nbytes, layers=len(cfg["layer_bytes"]),
                            tensors=len(cfg["tensor_bytes"]), largest_tensor_bytes=max(cfg["tensor_bytes"])),
             "np": cfg["np"]}
 
@@ -115,8 +127,9 @@ def markdown(result):
     inputs = result["inputs"]
     text = (f"# Projection: {inputs['model']} on up to {max(result['np'])} GPUs, {inputs['gpus_per_host']} per "
             f"host\n\nThe α-β model (bench/stats.py), not a measurement. Gradients {inputs['gradient_bytes'] / 1e6:,.1f} "
-            f"MB per step in {inputs['tensors']} tensors (the largest {inputs['largest_tensor_bytes'] / 1e6:,.1f} MB), "
-            f"PS placement {inputs['placement']}, one GPU's step {inputs['step_ms']:,.1f} ms ({inputs['step_source']}), batch "
+            f"MB per step in {inputs['tensors']} tensors of {inputs['layers']} layers (the largest "
+            f"{inputs['largest_tensor_bytes'] / 1e6:,.1f} MB), ring allreduce "
+            f"{'hierarchical' if inputs['hierarchical'] else 'flat'}, PS placement {inputs['placement']}, one GPU's step {inputs['step_ms']:,.1f} ms ({inputs['step_source']}), batch "
             f"{inputs['batch_size']} per GPU. Columns: bench/COLUMNS.md, section Projection.\n\n")
     for link in inputs["links"]:
         text += (f"- link {link['label']} ({link['source']}): ring α = {link['ring']['alpha_sec'] * 1e6:,.1f} us, "

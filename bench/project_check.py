@@ -124,8 +124,9 @@ def check_link(result, folder, k):
 def shared_cores_cost(rows, k):
     """kappa, ms per MB the hosts send per step: least squares through the
     origin of the allreduce rows' unexplained step time (measured − α-β) on
-    their bytes on the wire, at 2..k workers. (The ring rows: at these N, α-β
-    hides their whole exchange, so what shows is what the shared cores cost.)"""
+    their bytes on the wire, at 2..k workers: the allreduce rows, whose
+    exchange α-β prices on its own links, so what it leaves is what the
+    shared cores cost."""
     points = [(r["wire_bytes_theory"] / 1e6, r["step_time_ms"] - r["predicted_step_time_ms"]) for r in rows
               if r["mode"] in ALLREDUCE_MODES and 2 <= r["workers"] <= k and r["wire_bytes_theory"]
               and r["predicted_step_time_ms"] is not None]

@@ -5,6 +5,7 @@ With a time dilation K (a simulated cluster whose links run K times slower
 than the rate they stand for, and accelerator steps K times longer), every
 time is divided by K and every rate multiplied by K: the rows speak of the
 emulated cluster."""
+import math
 
 from ringtrain.bench import stats
 from ringtrain.bench.environment import describe, usable_cores
@@ -26,6 +27,8 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None, tf_fit=
                     "hosts": 1}
     k = site.get("dilation") or 1.0
     cores = cfg.get("cores") or usable_cores()
+    if any(mode in RING_MODES for mode, _, _ in summaries) and not cfg.get("layer_bytes"):
+        cfg = dict(cfg, layer_bytes=layer_bytes(cfg["model"]))
     rows = []
     for (mode, n, p), runs in summaries.items():
         # in-graph and towers: one process times every tower's samples; per worker is its share
@@ -78,6 +81,13 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None, tf_fit=
             "environment": environment or cfg.get("environment") or describe(threads_per_worker=cfg["threads"])}
 
 
+def layer_bytes(model):
+    """Each layer's gradient bytes, in forward order: when backprop makes them
+    (bench/stats.py, backprop_exchange)."""
+    from ringtrain.bench.allreduce import gradient_layers
+    return [4 * sum(math.prod(shape) for _, shape in variables) for _, variables in gradient_layers(model)]
+
+
 def per_worker_batch(cfg, workers):
     if cfg["scaling"] == "strong":
         return max(1, cfg["global_batch"] // workers)
@@ -125,10 +135,11 @@ def predicted_step_seconds(mode, summary, compute, fit, ps_fit, site, cfg):
     nbytes, n = summary.get("gradient_bytes"), summary.get("world_size", 1)
     if mode in ALLREDUCE_MODES and fit and nbytes:
         fit = fit_at(fit, n)
-        # TF's collective mode packs every gradient into one all-reduce, which starts
-        # after the whole backward pass: nothing of it hides
-        hidden = 0.0 if mode == "tf-collective" else backward
-        return stats.ring_step_seconds(compute, hidden, nbytes, n, fit["alpha_sec"], fit["beta_sec_per_byte"])
+        allreduce = lambda b: stats.ring_allreduce_seconds(b, n, fit["alpha_sec"], fit["beta_sec_per_byte"])
+        if mode == "tf-collective":  # one packed all-reduce, after the whole backward pass: nothing hides
+            return stats.ring_step_seconds(compute, 0.0, [nbytes], allreduce)
+        layers = cfg["layer_bytes"]  # the exchanged bytes, spread over the layers as the model spreads them
+        return stats.ring_step_seconds(compute, backward, [b * nbytes / sum(layers) for b in layers], allreduce)
     if mode.startswith("ps-") and ps_fit and summary.get("ps_bytes"):
         workers, ps = endpoints(mode, summary, site["across_hosts"])
         # (in-graph: the towers' reads and the client's update, as one sync step; its feeds are not modelled)

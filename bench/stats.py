@@ -50,17 +50,36 @@ def forward_and_backward(seconds):
     return seconds / 3, seconds * 2 / 3
 
 
-def ring_step_seconds(compute, backward, nbytes, ranks, alpha, beta):
-    """A ring-mode step: Horovod starts each gradient's allreduce as backprop
-    produces it, so the allreduce hides behind the backward pass and only
-    what outlasts it adds to the compute. (TF's collective mode, whose one
-    packed all-reduce waits for the whole backward pass, passes backward=0.)"""
-    return overlapped_step_seconds(compute, backward, ring_allreduce_seconds(nbytes, ranks, alpha, beta))
+def ring_step_seconds(compute, backward, layer_bytes, allreduce_seconds):
+    """A ring-mode step: Horovod starts allreducing a layer's gradients once
+    backprop has made them (backprop_exchange), so only what outlasts the
+    backward pass adds to the compute. `layer_bytes`: each layer's gradient
+    bytes in forward order; `allreduce_seconds(nbytes)`: one allreduce. (TF's
+    collective mode, whose one packed all-reduce waits for the whole backward
+    pass, passes backward=0.)"""
+    return compute + backprop_exchange(backward, layer_bytes, allreduce_seconds)["exposed"]
 
 
-def overlapped_step_seconds(compute, backward, exchange):
-    """A step whose exchange runs behind its backward pass: only what outlasts it shows."""
-    return compute + max(0.0, exchange - backward)
+def backprop_exchange(backward, layer_bytes, allreduce_seconds):
+    """Horovod's overlap of the exchange with backprop: backprop reaches the
+    layers last to first, each in an equal share of `backward`, and a layer's
+    gradients are ready when its share ends. One allreduce runs at a time, and
+    each takes every gradient ready when it starts (tensor fusion; Horovod's
+    cycle time, fusion threshold and negotiation are left out). So the
+    gradients backprop makes last are sent after it ends, whatever the link.
+    {"exchange": seconds of allreduce in all, "exposed": seconds past the end
+    of the backward pass, "allreduces": how many}."""
+    ready = [backward * (k + 1) / len(layer_bytes) for k in range(len(layer_bytes))]
+    sizes = list(reversed(layer_bytes))
+    free, busy, count, k = 0.0, 0.0, 0, 0
+    while k < len(sizes):
+        start = max(free, ready[k])
+        nbytes = 0
+        while k < len(sizes) and ready[k] <= start:
+            nbytes, k = nbytes + sizes[k], k + 1
+        took = allreduce_seconds(nbytes)
+        free, busy, count = start + took, busy + took, count + 1
+    return {"exchange": busy, "exposed": max(0.0, free - backward), "allreduces": count}
 
 
 def ps_step_seconds(compute, forward, backward, worker_hosts, ps_hosts, ps_bytes, alpha, beta, sync=True):
