@@ -19,6 +19,7 @@ Implementations (rows):
   memcpy               np.copyto on every rank at once: the bound (see COLUMNS.md)
 """
 import json
+import math
 import os
 import statistics
 import sys
@@ -59,6 +60,11 @@ def gradient_layers(model_name):
     import_tensorflow_quietly()
     from ringtrain.workloads import models
     return models.gradient_layers(model_name)
+
+
+def gradient_layer_bytes(model_name):
+    """[[bytes of each float32 gradient tensor] of each layer], in forward order."""
+    return [[4 * math.prod(shape) for _, shape in variables] for _, variables in gradient_layers(model_name)]
 
 
 def busbw_factor(ranks):

@@ -2,7 +2,6 @@
 on this machine, on the hosts of a hostfile, or on simulated clusters."""
 import argparse
 import contextlib
-import math
 import os
 import sys
 import time
@@ -584,7 +583,7 @@ def run_project(args, log):
         fits = {rate: project.link_fit(rate_bits_per_sec(rate), args.latency_us / 1e6) for rate in args.link_rate}
         links = [{"label": rate, "source": f"given, α = {args.latency_us:g} us", "ring": fit, "ps": fit}
                  for rate, fit in fits.items()]
-    layers = [[4 * math.prod(shape) for _, shape in variables] for _, variables in allreduce.gradient_layers(args.model)]
+    layers = allreduce.gradient_layer_bytes(args.model)
     cfg = {"model": args.model, "tensor_bytes": [b for layer in layers for b in layer],
            "layer_bytes": [sum(layer) for layer in layers], "step_ms": step_ms, "placement": args.placement,
            "hierarchical": args.hierarchical,

@@ -5,8 +5,6 @@ With a time dilation K (a simulated cluster whose links run K times slower
 than the rate they stand for, and accelerator steps K times longer), every
 time is divided by K and every rate multiplied by K: the rows speak of the
 emulated cluster."""
-import math
-
 from ringtrain.bench import stats
 from ringtrain.bench.environment import describe, usable_cores
 from ringtrain.workloads.numbers import mean, median
@@ -84,8 +82,8 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None, tf_fit=
 def layer_bytes(model):
     """Each layer's gradient bytes, in forward order: when backprop makes them
     (bench/stats.py, backprop_exchange)."""
-    from ringtrain.bench.allreduce import gradient_layers
-    return [4 * sum(math.prod(shape) for _, shape in variables) for _, variables in gradient_layers(model)]
+    from ringtrain.bench.allreduce import gradient_layer_bytes
+    return [sum(layer) for layer in gradient_layer_bytes(model)]
 
 
 def per_worker_batch(cfg, workers):
