@@ -48,6 +48,14 @@ def test_corrupt_cifar(tmp_path):
                           "test_batch")
 
 
+def test_a_corrupt_cifar_batch_whose_unpickling_error_has_two_lines_is_still_one_line(tmp_path):
+    folder = write_cifar10(str(tmp_path))
+    with open(os.path.join(folder, "cifar-10-batches-py", "test_batch"), "wb") as f:
+        f.write(b"P0\n.")  # a persistent id: pickle's message for it holds a newline
+    assert_one_line_error(["ringtrain", "--model", "cifar_resnet", "--data-dir", folder],
+                          "persistent id instruction was encountered, but no persistent_load")
+
+
 def test_missing_checkpoint():
     assert_one_line_error(["ringtrain", "--resume", "/nonexistent/ckpt-3"], "/nonexistent/ckpt-3")
 

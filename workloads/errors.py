@@ -22,6 +22,12 @@ def first_line(error):
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def one_line(error):
+    """An error's text on one line: a message may quote another exception's,
+    and some (pickle's) hold newlines."""
+    return " ".join(str(error).split())
+
+
 def run_cli(prog, main, argv=None, exit_at_once=False):
     """Run main(argv); a UsageError becomes one line on stderr and exit 2.
     exit_at_once: end the process as soon as main returns (exit_now)."""
@@ -31,13 +37,13 @@ def run_cli(prog, main, argv=None, exit_at_once=False):
         return exit_now(code) if exit_at_once else code
     except UsageError as e:
         if launched_rank() in (None, 0):  # every rank sees the same bad input: rank 0 says it
-            sys.stderr.write(f"{prog}: error: {e}\n")
+            sys.stderr.write(f"{prog}: error: {one_line(e)}\n")
         else:
             _let_rank_0_speak()
         return 2
     except TrainingStopped as e:
         if not e.quiet:
-            sys.stderr.write(f"{prog}: error: {e}\n")
+            sys.stderr.write(f"{prog}: error: {one_line(e)}\n")
         else:
             _let_rank_0_speak()
         # A stopped run ends now: TF's collective mode would wait at its shutdown barrier
