@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -22,10 +21,13 @@ from dataclasses import dataclass
 
 from ringtrain.multihost import hostfile, procs
 from ringtrain.multihost.private_net import PrivateNetwork
-from ringtrain.ps_baseline.options import EXPOSURE_SAID_ENV, NO_RESTARTS_ENV, PROG, add_mode_flags, check_mode
-from ringtrain.workloads.console import Console
-from ringtrain.workloads.errors import EXIT_STOPPED, UsageError
-from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
+from ps_baseline import losses
+from ps_baseline.losses import NO_RESTARTS_ENV
+from ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode, ps_config
+from ringtrain.workloads.console import PROGRESS_AS_DATA_ENV, Console
+from ringtrain.common.errors import EXIT_STOPPED, UsageError
+from ringtrain.common.parsing import positive_int
+from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data
 from ringtrain.workloads.outputs import check_outputs
 from ringtrain.workloads.summary import FULL_SUMMARY_LINE_ENV
 
@@ -155,11 +157,12 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
     running = {}
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     def start(task):
-        argv_ = [sys.executable, "-m", "ringtrain.ps_baseline", *cluster_words, f"--job_name={task.job}",
+        argv_ = [sys.executable, "-m", "ps_baseline", *cluster_words, f"--job_name={task.job}",
                  f"--task_index={task.index}", *words]
         env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", EXPOSURE_SAID_ENV: "1"}
         if task is chief:
-            env[FULL_SUMMARY_LINE_ENV] = "1"  # its summary comes back through its output
+            env[FULL_SUMMARY_LINE_ENV] = "1"  # its summary and its progress come back as data
+            env[PROGRESS_AS_DATA_ENV] = "1"
             if not args.restart_workers:
                 env[NO_RESTARTS_ENV] = "1"
         running[task.name] = procs.Process(net.wrap(argv_), name=task.name, host=task.host, cwd=os.getcwd(),
@@ -200,11 +203,10 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
 
 
 class TaskOutput:
-    """Every task's lines on our stdout, prefixed with [task] or [host task];
-    the chief's JSON summary is kept, not shown (we print our own). On a
-    terminal, the chief's progress lines become the progress bar, drawn here:
-    a task's own output is a pipe to us."""
-    PROGRESS = re.compile(r"\bstep (\d+)/(\d+)\b")
+    """Every task's lines on our stdout, prefixed with [task] or [host task].
+    The chief's progress and its JSON summary come as data: its progress is
+    drawn here (a bar on a terminal: a task's own output is a pipe to us), its
+    summary kept, not shown (we print our own)."""
 
     def __init__(self, across_hosts, chief, console):
         self.across_hosts, self.chief, self.console = across_hosts, chief, console
@@ -212,19 +214,26 @@ class TaskOutput:
         self._lock = threading.Lock()
 
     def write(self, process, line):
-        if process.name == self.chief and line.startswith("{"):
-            try:
-                self.summary = json.loads(line)
-                return
-            except ValueError:
-                pass
         tag = f"{process.host} {process.name}" if self.across_hosts else process.name
-        progress = self.PROGRESS.search(line) if self.console.bar and process.name == self.chief else None
+        data = self._data(process, line)
         with self._lock:
-            if progress:
-                self.console.progress(int(progress.group(1)), int(progress.group(2)), f"[{tag}] {line.strip()}")
-            else:
+            if data is None:
                 self.console.line(f"[{tag}] {line.rstrip(chr(10))}")
+            elif "progress" in data:
+                progress = data["progress"]
+                self.console.progress(progress["step"], progress["total"], f"[{tag}] {progress['text']}")
+            else:
+                self.summary = data
+
+    def _data(self, process, line):
+        """What the chief writes as data (a JSON object on a line), else None."""
+        if process.name != self.chief or not line.startswith("{"):
+            return None
+        try:
+            data = json.loads(line)
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
 
 
 def _raise_interrupt(signum, frame):
@@ -248,18 +257,18 @@ def watch(running, chief_name, losses):
 
 class WorkerLosses:
     """What a dead non-chief worker means: a restart (--restart-workers), or
-    training going on without it where the mode allows (async; sync with K
-    below the workers left), in one line either way."""
+    training going on without it where the mode allows (ps_baseline/losses.py),
+    in one line either way."""
 
     def __init__(self, args, tasks, chief, start, console):
         self.args, self.start, self.console = args, start, console
+        self.ps = ps_config(args)
         self.workers = {t.name: t for t in tasks if t.job == "worker" and t is not chief}
-        self.tf2_or_in_graph = args.api == "tf2" or args.replication == "in-graph"
         self.restarts, self.lost = {}, set()
 
     def survive(self, process):
         task = self.workers.get(process.name)
-        if task is None or self.tf2_or_in_graph:  # PS tasks, the chief; and modes built on every worker
+        if task is None or not losses.rejoins(self.ps):  # PS tasks, the chief; a worker every step runs on
             return False
         if process.returncode == EXIT_STOPPED:  # it stopped the training on purpose, and said why
             return False
@@ -271,11 +280,11 @@ class WorkerLosses:
                               "rejoins where it left off")
             self.start(task)
             return True
-        left = len(self.workers) - len(self.lost)  # alive without this one: the chief and the others
-        needed = (self.args.replicas_to_aggregate or len(self.workers) + 1) if self.args.sync else 1
-        if left < needed:
+        workers, alive = len(self.workers) + 1, len(self.workers) - len(self.lost)  # (alive without this one)
+        if not losses.goes_on_without(self.ps, workers, alive):
             return False
         self.lost.add(task.name)
-        how = "async" if not self.args.sync else f"sync with {needed} of {len(self.workers) + 1} per update"
-        self.console.line(f"{died}; training goes on without it ({how}, {left} worker(s) left)")
+        how = "async" if not self.ps.sync else f"sync with {losses.workers_needed(self.ps, workers)} of {workers} " \
+            "per update"
+        self.console.line(f"{died}; training goes on without it ({how}, {alive} worker(s) left)")
         return True

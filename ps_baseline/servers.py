@@ -5,8 +5,8 @@ import socket
 import threading
 
 from ringtrain.multihost.net import is_listening, wait_for
-from ringtrain.ps_baseline.options import PROG
-from ringtrain.workloads.errors import UsageError, first_line
+from ps_baseline.options import PROG, RESUME
+from ringtrain.common.errors import UsageError, first_line
 from ringtrain.workloads.tfenv import session_config
 
 
@@ -51,6 +51,18 @@ def shut_down(tf, target, tasks):
         session.run(enqueues, options=tf.compat.v1.RunOptions(timeout_in_ms=SHUTDOWN_TIMEOUT_MS))
 
 
+def serve_task(tf, cluster, job, task, threads, log, watch=None):
+    """A task that only serves (a PS task; an in-graph tower worker): its
+    server, on no GPU for a PS task, on its place among its host's workers for
+    a worker; until worker 0 says training is over. `watch`: as in serve()."""
+    from ringtrain.workloads.devices import local_index, pin_gpu
+    from ringtrain.workloads.tfenv import set_threads
+    set_threads(threads)
+    pin_gpu(local_index(cluster.worker, task) if job == "worker" else None)
+    server = start_server(tf, cluster, job, task, threads)
+    return serve(tf, server, job, task, threads, log, watch=watch, told_by=cluster.worker[0])
+
+
 def serve(tf, server, job, task_index, threads, log, watch=None, told_by=None):
     """Serve (variables on a PS task, a tower on an in-graph worker) until the
     chief says training is over, or forever, as server.join() in the classic
@@ -59,7 +71,7 @@ def serve(tf, server, job, task_index, threads, log, watch=None, told_by=None):
     that says training is over; this one stays until that one has gone (at
     most LEAVE_AFTER_SEC), whose own end (closing its session, TF's clean-up
     of its remote functions) still talks to this task."""
-    from ringtrain.workloads.loop import Alone
+    from ringtrain.workloads.mode import Alone, Topology
     from ringtrain.workloads.stall import StallWatchdog
     graph = tf.Graph()
     with graph.as_default():
@@ -67,8 +79,7 @@ def serve(tf, server, job, task_index, threads, log, watch=None, told_by=None):
     config = session_config(tf, threads, [f"/job:{job}/task:{task_index}"])
     sess = tf.compat.v1.Session(server.target, graph=graph, config=config)
     log(f"{job} task {task_index} serving at {server.target}")
-    watchdog = StallWatchdog(Alone(), 0, PROG, servers=[watch] if watch else [],
-                             advice="restart the cluster with --resume to go on from the last checkpoint").start()
+    watchdog = StallWatchdog(Alone(), 0, PROG, Topology(servers=(watch,) if watch else (), advice=RESUME)).start()
     # The blocking dequeue runs in a thread, so that Ctrl-C still reaches Python.
     waiter = threading.Thread(target=sess.run, args=(wait_for_shutdown,), daemon=True)
     waiter.start()

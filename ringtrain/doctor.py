@@ -132,7 +132,7 @@ def hostfile_check(report, path, ranks):
     too few slots, hosts that ssh cannot reach or that lack this install."""
     from ringtrain.multihost import hostfile, procs
     from ringtrain.multihost.net import is_local_host
-    from ringtrain.workloads.errors import UsageError
+    from ringtrain.common.errors import UsageError
     try:
         hosts = hostfile.read_hostfile(path)
         if ranks:
@@ -157,7 +157,7 @@ def hostfile_check(report, path, ranks):
 
 
 def parser():
-    from ringtrain.workloads.flags import OneLineParser, positive_int
+    from ringtrain.common.parsing import OneLineParser, positive_int
     p = OneLineParser(prog="ringtrain doctor",
                       description="Print versions, Horovod's build, whether mpirun can start 2 ranks, cores and "
                                   "GPUs, and where servers would listen; with --hostfile, check a cluster first. "

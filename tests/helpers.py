@@ -213,7 +213,7 @@ def assert_checkpoint_is_one_process_on_the_global_batch(checkpoint_dir, steps, 
 
 # --- PS tasks, one process each, as the classic tutorials start them --------------------------
 
-PS_BASELINE = [sys.executable, "-m", "ringtrain.ps_baseline"]
+PS_BASELINE = [sys.executable, "-m", "ps_baseline"]
 BENCH = [sys.executable, "-m", "ringtrain.bench"]
 TINY = ["--model", "mnist_mlp", "--batch-size", "16", "--log-every", "5", *ONE_THREAD]
 

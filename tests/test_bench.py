@@ -12,7 +12,7 @@ import pytest
 from ringtrain.bench import expectations, scaling_report, stats, tables
 from ringtrain.bench.launch import child_env
 from ringtrain.bench.scaling_rows import build
-from helpers import BENCH, assert_one_line_error, run, run_bench
+from helpers import BENCH, REPO, assert_one_line_error, run, run_bench
 
 
 
@@ -296,7 +296,7 @@ def test_scaling_writes_table_csv_json_and_plots_with_every_column(tmp_path):
 
 def test_every_column_header_is_defined_in_columns_md():
     from ringtrain.bench import allreduce, convergence, parity, straggler
-    doc = open(os.path.join(os.path.dirname(scaling_report.__file__), "COLUMNS.md")).read()
+    doc = open(os.path.join(REPO, "bench", "COLUMNS.md")).read()
     for _, header in (scaling_report.COLUMNS + allreduce.COLUMNS + straggler.COLUMNS + convergence.COLUMNS
                       + parity.COLUMNS):
         assert f"| {header} |" in doc, header

@@ -77,8 +77,8 @@ def pid_on(cluster, host, match):
 
 
 def task_pid(cluster, host, job):
-    """The PID of a `python -m ringtrain.ps_baseline --job_name=JOB` task on `host` (not its guard)."""
-    return pid_on(cluster, host, lambda argv: argv[1:3] == ["-m", "ringtrain.ps_baseline"] and f"--job_name={job}" in argv)
+    """The PID of a `python -m ps_baseline --job_name=JOB` task on `host` (not its guard)."""
+    return pid_on(cluster, host, lambda argv: argv[1:3] == ["-m", "ps_baseline"] and f"--job_name={job}" in argv)
 
 
 def test_a_task_killed_on_a_remote_host_ends_the_job_naming_it_and_leaves_nothing(cluster, tmp_path):

@@ -105,8 +105,8 @@ def check(words, where):
 
 def parse(program, args, where):
     from ringtrain.bench import cli as bench_cli
-    from ringtrain.multihost import cluster_cli
-    from ringtrain.ps_baseline import cli as ps_cli, launcher, towers
+    from ringtrain import cluster_cli
+    from ps_baseline import cli as ps_cli, launcher, towers
     from ringtrain import cli as ring_cli
     if program == "ringtrain" and args[:1] == ["doctor"]:
         from ringtrain import doctor

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import ONE_THREAD, PS_BASELINE, Tasks
 from ringtrain.multihost.private_net import PREFIX, PrivateNetwork
-from ringtrain.ps_baseline.launcher import exposure
+from ps_baseline.launcher import exposure
 
 
 def listening_ports(netns=None):

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ringtrain.multihost import simcluster, slurm
-from ringtrain.workloads.errors import UsageError
+from ringtrain.common.errors import UsageError
 from helpers import ONE_THREAD, REPO, assert_checkpoint_is_one_process_on_the_global_batch, last_json, run_ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
