@@ -13,7 +13,7 @@ from ps_baseline.scheduled import place, started_by_a_launcher
 from ringtrain.workloads import config as run_config
 from ringtrain.common.errors import UsageError, run_cli
 from ringtrain.workloads.outputs import check_outputs
-from ringtrain.common.parsing import positive_int
+from ringtrain.common.parsing import add_version, positive_int
 from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data
 
 CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name")  # a task's place: all given, or none under a launcher
@@ -35,12 +35,18 @@ One process, one tower per device: {PROG} towers --help
 """
 
 
+USAGE = f"""{PROG} [FLAGS]                      one task of a PS cluster (the flags below)
+       {PROG} launch [FLAGS]               a whole PS cluster, one process per task ({PROG} launch --help)
+       {PROG} towers --towers K [FLAGS]    one process, one tower per device ({PROG} towers --help)"""
+
+
 def task_parser():
     parser = OneLineParser(
-        prog=PROG, description="One task of TensorFlow's parameter-server training, as the classic "
+        prog=PROG, usage=USAGE, description="One task of TensorFlow's parameter-server training, as the classic "
         "distributed-TensorFlow tutorials run their MNIST: PS tasks serve variables, workers train with "
         "between-graph replication.",
         epilog=TASK_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version(parser)
     g = parser.add_argument_group("cluster (the classic tutorials' flags)")
     g.add_argument("--ps_hosts", metavar="H:P,...", help="comma-separated PS host:port list")
     g.add_argument("--worker_hosts", metavar="H:P,...",

@@ -24,9 +24,10 @@ from ringtrain.multihost.private_net import PrivateNetwork
 from ps_baseline import losses
 from ps_baseline.losses import NO_RESTARTS_ENV
 from ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode, ps_config
+from ps_baseline.servers import TASK_DATA_ENV
 from ringtrain.workloads.console import PROGRESS_AS_DATA_ENV, Console
 from ringtrain.common.errors import EXIT_STOPPED, UsageError
-from ringtrain.common.parsing import positive_int
+from ringtrain.common.parsing import add_version, positive_int
 from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data
 from ringtrain.workloads.outputs import check_outputs
 from ringtrain.workloads.summary import FULL_SUMMARY_LINE_ENV
@@ -73,6 +74,7 @@ def launch_parser():
                            parents=[launch_only_parser()],
                            description="Start a whole PS cluster (one process per task, on this machine "
                            "or over ssh on the hosts of a hostfile) and print the chief's JSON summary last.")
+    add_version(parser)
     add_mode_flags(parser)
     add_training_flags(parser, summary_json=False)
     return parser
@@ -159,7 +161,7 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
     def start(task):
         argv_ = [sys.executable, "-m", "ps_baseline", *cluster_words, f"--job_name={task.job}",
                  f"--task_index={task.index}", *words]
-        env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", EXPOSURE_SAID_ENV: "1"}
+        env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", EXPOSURE_SAID_ENV: "1", TASK_DATA_ENV: "1"}
         if task is chief:
             env[FULL_SUMMARY_LINE_ENV] = "1"  # its summary and its progress come back as data
             env[PROGRESS_AS_DATA_ENV] = "1"
@@ -195,7 +197,8 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
         return chief_process.returncode
     if output.summary is None:
         raise UsageError("the chief finished but printed no summary")
-    summary = dict(output.summary, launch={
+    summary = dict(output.summary, worker_devices=output.worker_devices(args.num_workers) or
+                   output.summary.get("worker_devices"), launch={
         "num_ps": args.num_ps, "num_workers": args.num_workers, "hostfile": args.hostfile,
         "ps_hosts": address_list("ps").split(","), "worker_hosts": address_list("worker").split(",")})
     console.finish(summary, args.summary_json)
@@ -204,13 +207,14 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
 
 class TaskOutput:
     """Every task's lines on our stdout, prefixed with [task] or [host task].
-    The chief's progress and its JSON summary come as data: its progress is
-    drawn here (a bar on a terminal: a task's own output is a pipe to us), its
-    summary kept, not shown (we print our own)."""
+    What tasks say as data (a JSON object on a line) is kept, not shown: what
+    each task computes on; the chief's progress, drawn here (a bar on a
+    terminal: a task's own output is a pipe to us); the chief's summary (we
+    print our own)."""
 
     def __init__(self, across_hosts, chief, console):
         self.across_hosts, self.chief, self.console = across_hosts, chief, console
-        self.summary = None
+        self.summary, self.pinned = None, {}
         self._lock = threading.Lock()
 
     def write(self, process, line):
@@ -219,6 +223,9 @@ class TaskOutput:
         with self._lock:
             if data is None:
                 self.console.line(f"[{tag}] {line.rstrip(chr(10))}")
+            elif "pinned" in data:
+                pinned = data["pinned"]
+                self.pinned[(pinned["job"], pinned["task"])] = pinned["device"]
             elif "progress" in data:
                 progress = data["progress"]
                 self.console.progress(progress["step"], progress["total"], f"[{tag}] {progress['text']}")
@@ -226,14 +233,22 @@ class TaskOutput:
                 self.summary = data
 
     def _data(self, process, line):
-        """What the chief writes as data (a JSON object on a line), else None."""
-        if process.name != self.chief or not line.startswith("{"):
+        """What a task writes as data (a JSON object on a line: the chief's
+        progress and summary, any task's device), else None."""
+        if not line.startswith("{"):
             return None
         try:
             data = json.loads(line)
         except ValueError:
             return None
-        return data if isinstance(data, dict) else None
+        if not isinstance(data, dict) or (process.name != self.chief and "pinned" not in data):
+            return None
+        return data
+
+    def worker_devices(self, workers):
+        """What each worker task computes on, as each said, or None if one did not say."""
+        devices = [self.pinned.get(("worker", i)) for i in range(workers)]
+        return devices if None not in devices else None
 
 
 def _raise_interrupt(signum, frame):

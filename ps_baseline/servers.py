@@ -1,6 +1,8 @@
 """The TF gRPC servers, and the life of a task that only serves (a PS task,
 an in-graph tower worker): it serves until the chief says training is over,
 or ends with one line when the client it serves is gone."""
+import json
+import os
 import socket
 import threading
 
@@ -8,6 +10,21 @@ from ringtrain.multihost.net import is_listening, wait_for
 from ps_baseline.options import PROG, RESUME
 from ringtrain.common.errors import UsageError, first_line
 from ringtrain.workloads.tfenv import session_config
+
+
+# Set by `launch` for its tasks: each says, as data, what it computes on (launch puts it in the summary).
+TASK_DATA_ENV = "PS_BASELINE_TASK_DATA"
+
+
+def pin_task(cluster, job, task):
+    """PS: a worker task computes on the GPU of its place among its host's
+    workers; a PS task, and TF2's coordinator, on none. Returns what it took,
+    and tells `launch` as data."""
+    from ringtrain.workloads.devices import local_index, pin_gpu
+    device = pin_gpu(local_index(cluster.worker, task) if job == "worker" else None)
+    if os.environ.get(TASK_DATA_ENV):
+        print(json.dumps({"pinned": {"job": job, "task": task, "device": device}}), flush=True)
+    return device
 
 
 def start_server(tf, cluster, job_name, task_index, threads, inter_op_threads=None):
@@ -55,10 +72,9 @@ def serve_task(tf, cluster, job, task, threads, log, watch=None):
     """A task that only serves (a PS task; an in-graph tower worker): its
     server, on no GPU for a PS task, on its place among its host's workers for
     a worker; until worker 0 says training is over. `watch`: as in serve()."""
-    from ringtrain.workloads.devices import local_index, pin_gpu
     from ringtrain.workloads.tfenv import set_threads
     set_threads(threads)
-    pin_gpu(local_index(cluster.worker, task) if job == "worker" else None)
+    pin_task(cluster, job, task)
     server = start_server(tf, cluster, job, task, threads)
     return serve(tf, server, job, task, threads, log, watch=watch, told_by=cluster.worker[0])
 

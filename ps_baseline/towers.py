@@ -11,7 +11,7 @@ towers add are marked `# Towers:`.
 from ringtrain.workloads import config as run_config
 from ringtrain.workloads import loop
 from ringtrain.workloads.mode import Alone, Identity, Mode, StepResult, StragglerWait
-from ringtrain.common.parsing import positive_int
+from ringtrain.common.parsing import add_version, positive_int
 from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, refuse_sync_batch_norm
 from ringtrain.workloads.outputs import check_outputs
 from ringtrain.workloads.sharding import steps_per_epoch
@@ -23,6 +23,7 @@ PROG = "ps-baseline towers"
 def parser():
     p = OneLineParser(prog=PROG, description="One process, one tower per device (K GPUs, or the CPU split "
                       "into K logical devices): gradients averaged on the CPU, applied once per step.")
+    add_version(p)
     p.add_argument("--towers", type=positive_int, default=2, metavar="K", help="towers (default %(default)s)")
     add_training_flags(p)
     return p
@@ -31,8 +32,8 @@ def parser():
 def tower_devices(tf, k):
     """K GPUs if there are as many, else the CPU split into K logical devices.
     Must run before TF's runtime starts."""
-    gpus = tf.config.list_physical_devices("GPU")
-    if len(gpus) >= k:
+    from ringtrain.workloads.devices import gpu_count
+    if gpu_count(tf) >= k:  # Towers: one GPU each (with GPUs assumed by name, TF places their ops on the CPU)
         return [f"/device:GPU:{i}" for i in range(k)]
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * k)

@@ -106,11 +106,10 @@ def build_graph(tf, config, ps, cluster_spec, image_shape):
 
 
 def train(config, ps, cluster, task, dataset):
-    from ringtrain.workloads.devices import pin_gpu
     from ringtrain.workloads.tfenv import import_tensorflow_quietly, set_threads
     tf = import_tensorflow_quietly()
     set_threads(config.data.threads)
-    device = pin_gpu(0)  # PS: the client's own tower (worker 0) computes on its host's first GPU
+    device = servers.pin_task(cluster, "worker", CLIENT)  # PS: the client's own tower, as every worker's
     graph_mode(tf)
     # PS: the client's gRPC server; every other task must be up before the graph runs.
     server = servers.start_server(tf, cluster, "worker", CLIENT, config.data.threads)

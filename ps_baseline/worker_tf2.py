@@ -28,9 +28,7 @@ def inter_op_threads(threads):
 def serve(tf, cluster, job_name, task_index, threads, log):
     """PS and worker tasks: a server, until the coordinator says training is
     over (or is gone)."""
-    from ringtrain.workloads.devices import local_index, pin_gpu
-    # PS: a worker computes on the GPU of its place among its host's workers; a PS task on none.
-    pin_gpu(local_index(cluster.worker, task_index) if job_name == "worker" else None)
+    servers.pin_task(cluster, job_name, task_index)
     server = servers.start_server(tf, cluster, job_name, task_index, threads, inter_op_threads(threads))
     coordinator = cluster.chief[0]
     return servers.serve(tf, server, job_name, task_index, threads, log, watch=("the TF2 coordinator", coordinator),
@@ -39,11 +37,10 @@ def serve(tf, cluster, job_name, task_index, threads, log):
 
 def train(config, ps, cluster, task, dataset):
     import tensorflow as tf
-    from ringtrain.workloads.devices import pin_gpu
     if config.data.threads:
         tf.config.threading.set_intra_op_parallelism_threads(config.data.threads)
         tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads(config.data.threads))
-    pin_gpu(None)  # the coordinator computes nothing of the training
+    servers.pin_task(cluster, "chief", task)  # the coordinator computes nothing of the training
     servers.wait_for_tasks(cluster, "ps", ps.startup_timeout)
     servers.wait_for_tasks(cluster, "worker", ps.startup_timeout)
 
@@ -77,7 +74,7 @@ class Coordinator(Mode):
             tf, strategy, coordinator, config, ps, cluster, dataset
         self.state = TrainingState(tf, strategy, config, num_workers)
         self.identity = Identity("ps-tf2", PROG, num_workers, local_workers=tuple(range(num_workers)),
-                                 prefix="coordinator: ", device="the workers' own (each pins its host's GPU)")
+                                 prefix="coordinator: ")
         self.agree, self.store = Alone(), ObjectStore(config.loop.keep_checkpoints, **self.state.checkpointed())
         self.steps_per_epoch = steps_per_epoch(len(dataset.train_labels), num_workers, b)
         self.topology = Topology(

@@ -148,12 +148,10 @@ class Messages:
 
 
 def train(config, ps, cluster, task, dataset):
-    from ringtrain.workloads.devices import local_index, pin_gpu
     from ringtrain.workloads.tfenv import import_tensorflow_quietly, set_threads
     tf = import_tensorflow_quietly()
     set_threads(config.data.threads)
-    # PS: each worker computes on the GPU of its place among the workers of its host.
-    device = pin_gpu(local_index(cluster.worker, task))
+    device = servers.pin_task(cluster, "worker", task)
     graph_mode(tf)
     # PS: this task's gRPC server; the session below runs through it.
     server = servers.start_server(tf, cluster, "worker", task, config.data.threads)

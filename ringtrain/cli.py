@@ -24,13 +24,20 @@ EXAMPLES = """examples:
 """
 
 
+USAGE = "ringtrain [FLAGS]\n       ringtrain doctor [--hostfile FILE --np N]"
+
+
 def parser():
     p = flags.OneLineParser(
-        prog="ringtrain", epilog=EXAMPLES,
+        prog="ringtrain", epilog=EXAMPLES, usage=USAGE,
         formatter_class=flags.argparse.RawDescriptionHelpFormatter,
         description="Synchronous data-parallel training over Horovod's ring-allreduce "
                     "(scatter-reduce then allgather), or over TensorFlow's own collective all-reduce "
-                    "(--backend tf-collective). Launch with horovodrun or mpirun; alone it runs one rank.")
+                    "(--backend tf-collective). Launch with horovodrun or mpirun; alone it runs one rank.\n\n"
+                    "commands:\n"
+                    "  ringtrain [FLAGS]   train (the flags below)\n"
+                    "  ringtrain doctor    check the install, and a cluster's hosts (ringtrain doctor --help)")
+    parsing.add_version(p)
     flags.add_training_flags(p)
     b = p.add_argument_group("synchronous data parallelism (every backend)")
     b.add_argument("--backend", choices=modes.backends(), default="horovod",

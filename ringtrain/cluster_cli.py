@@ -7,7 +7,7 @@ import sys
 
 from ringtrain.multihost import simcluster
 from ringtrain.common.errors import UsageError, run_cli
-from ringtrain.common.parsing import OneLineParser
+from ringtrain.common.parsing import OneLineParser, add_version
 
 EXAMPLES = """examples (as root):
   ringtrain-cluster up --hosts 3 --link-rate 1gbit
@@ -33,6 +33,7 @@ def parser():
     p = OneLineParser(prog="ringtrain-cluster", epilog=EXAMPLES,
                       formatter_class=argparse.RawDescriptionHelpFormatter,
                       description="A simulated cluster of hosts h1..hN on this machine.")
+    add_version(p)
     p.add_argument("--name", default="ringtrain",
                    help="cluster name, so that several can coexist (default %(default)s)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)

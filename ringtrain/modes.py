@@ -13,7 +13,7 @@ How a command calls a mode's `train`, after the flags and the data are checked:
 - `ps-baseline towers`: its own command, main(argv).
 """
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # How a mode is started with N workers (and P PS tasks) on one machine: the
 # argument list the bench and the tests run, from the words that select it.
@@ -37,8 +37,8 @@ class RegisteredMode:
     exchange: str = "none"  # what carries the gradients: "horovod", "tf", "ps" (the bench's α-β model)
     one_process: bool = False  # one process drives (and times) every worker
     across_hosts: bool = True  # it can run its workers on several hosts
+    sync: bool = True    # every update waits for every worker's gradients (else each worker's is an update)
     table_only: bool = False   # a row of the table, not a mode the bench compares (elastic ring)
-    details: dict = field(default_factory=dict)  # what the bench needs beyond this (sync, async)
 
     def load(self, which="train"):
         """The function named by `train` (or `serve`)."""
@@ -62,21 +62,22 @@ MODES = (
     RegisteredMode("ps-sync", "PS sync", "ps-baseline launch --sync", "ps-baseline",
                    {"api": "v1", "replication": "between-graph", "sync": True}, "ps_baseline.worker_v1:train",
                    "ps-baseline launch", ("--sync",), serve="ps_baseline.servers:serve_task",
-                   trainer_task=("worker", None), pinning="per host", exchange="ps", details={"sync": True}),
+                   trainer_task=("worker", None), pinning="per host", exchange="ps"),
     RegisteredMode("ps-async", "PS async", "ps-baseline launch", "ps-baseline",
                    {"api": "v1", "replication": "between-graph", "sync": False}, "ps_baseline.worker_v1:train",
                    "ps-baseline launch", serve="ps_baseline.servers:serve_task", trainer_task=("worker", None),
-                   pinning="per host", exchange="ps"),
+                   pinning="per host", exchange="ps", sync=False),
     RegisteredMode("ps-ingraph", "in-graph", "ps-baseline launch --replication in-graph", "ps-baseline",
                    {"api": "v1", "replication": "in-graph"}, "ps_baseline.worker_ingraph:train",
                    "ps-baseline launch", ("--replication", "in-graph"), serve="ps_baseline.worker_ingraph:serve",
-                   trainer_task=("worker", 0), pinning="per host", exchange="ps", one_process=True, details={"sync": True}),
+                   trainer_task=("worker", 0), pinning="per host", exchange="ps", one_process=True),
     RegisteredMode("ps-tf2", "TF2 PS", "ps-baseline launch --api tf2", "ps-baseline", {"api": "tf2"},
                    "ps_baseline.worker_tf2:train", "ps-baseline launch", ("--api", "tf2"),
-                   serve="ps_baseline.worker_tf2:serve", trainer_task=("chief", None), pinning="per host", exchange="ps", one_process=True),
+                   serve="ps_baseline.worker_tf2:serve", trainer_task=("chief", None), pinning="per host", exchange="ps", one_process=True,
+                   sync=False),
     RegisteredMode("towers", "towers", "ps-baseline towers --towers N", "ps-baseline towers", {},
                    "ps_baseline.towers:main", "ps-baseline towers", pinning="one per tower", one_process=True,
-                   across_hosts=False, details={"sync": True}),
+                   across_hosts=False),
 )
 
 

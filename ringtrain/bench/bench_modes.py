@@ -70,4 +70,4 @@ def one_machine(name):
 def synchronous(name):
     """Every update waits for every worker's gradients."""
     mode = registered(name)
-    return bool(mode and (mode.exchange in ("horovod", "tf") or mode.details.get("sync")))
+    return bool(mode and mode.sync)

@@ -9,7 +9,7 @@ import time
 from ringtrain.bench import expectations
 from ringtrain.bench.publish import publish
 from ringtrain.common.errors import UsageError, run_cli
-from ringtrain.common.parsing import finite_float, non_negative_float, non_negative_int, positive_float, positive_int
+from ringtrain.common.parsing import add_version, finite_float, non_negative_float, non_negative_int, positive_float, positive_int
 from ringtrain.workloads.flags import DEFAULT_MODEL, OneLineParser, image_shape, model_name, simulated_accelerator
 from ringtrain.workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS, knob_env
 from ringtrain.workloads.outputs import check_outputs
@@ -265,8 +265,21 @@ def parser():
                       formatter_class=argparse.RawDescriptionHelpFormatter,
                       description="Measured ring-allreduce versus parameter-server scaling, and "
                                   "allreduce bandwidth as nccl-tests defines it.")
+    add_version(p)
     sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     common = dict(formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+    allreduce_command(sub, common)
+    scaling_command(sub, common)
+    report_command(sub, common)
+    straggler_command(sub, common)
+    convergence_command(sub, common)
+    project_command(sub, common)
+    parity_command(sub, common)
+    profile_command(sub, common)
+    return p
+
+
+def allreduce_command(sub, common):
     a = sub.add_parser("allreduce", help="algbw/busbw of Horovod (MPI, Gloo), TF's collective all-reduce, "
                        "MPI_Allreduce, the reference ring",
                        **common)
@@ -275,18 +288,27 @@ def parser():
     add_allreduce_flags(a)
     add_horovod_flags(a)
     add_site_flags(a)
+
+
+def scaling_command(sub, common):
     s = sub.add_parser("scaling", help="ring vs PS throughput, efficiency, step-time split, bytes on the wire",
                        **common)
     add_run_flags(s, int_list, [1, 2], "worker counts, e.g. 1,2,4 (default 1,2)", timeout=600)
     add_scaling_flags(s, "ring,ps-sync,ps-async")
     add_horovod_flags(s)
     add_site_flags(s)
+
+
+def report_command(sub, common):
     r = sub.add_parser("report", help="allreduce bench, then scaling bench (what `make bench` runs)", **common)
     add_run_flags(r, int_list, [1, 2], "scaling worker counts (default 1,2)", timeout=900)
     add_allreduce_flags(r)
     add_scaling_flags(r, "ring,ring-upstream,ps-sync,ps-async,ps-ingraph,towers,independent")
     add_horovod_flags(r)
     r.set_defaults(compare_upstream_loop=True, repeats=3)
+
+
+def straggler_command(sub, common):
     st = sub.add_parser("straggler", help="one slow worker: what it costs ring, sync PS, sync PS with a "
                         "backup worker, and async PS", **common)
     add_run_flags(st, positive_int, 2, "W, the workers that sync modes wait for (default 2)", timeout=300)
@@ -299,6 +321,9 @@ def parser():
     st.add_argument("--every", type=positive_int, default=1, metavar="E",
                     help="only every E-th step of the straggler is slow (default 1: all)")
     add_site_flags(st)
+
+
+def convergence_command(sub, common):
     cv = sub.add_parser("convergence", help="test accuracy against time and samples; time to a target accuracy",
                         **common)
     add_run_flags(cv, positive_int, 2, "W workers (default 2)", timeout=600)
@@ -310,6 +335,9 @@ def parser():
                     help="evaluate the weights of every K-th step (default %(default)s)")
     cv.add_argument("--straggler", metavar="RANK:FACTOR[:EVERY]", help="run every mode with this straggler")
     add_site_flags(cv)
+
+
+def project_command(sub, common):
     pj = sub.add_parser("project", help="the α-β model taken to N GPUs on hosts of G GPUs: ring against PS "
                         "(P = 1, N/4, N), step time, throughput, efficiency; nothing is run", **common)
     pj.add_argument("--model", default="resnet101", type=model_name, metavar="NAME",
@@ -347,6 +375,9 @@ def parser():
                     help="the most TF's gRPC moves per host and direction, e.g. as measured by "
                          "ringtrain-bench allreduce on one machine (default: no limit but the link)")
     add_output_flags(pj)
+
+
+def parity_command(sub, common):
     pa = sub.add_parser("parity", help="ringtrain against a plain Horovod script (examples/plain_horovod.py) "
                         "on the same Keras Applications network, batch and threads (the script with ringtrain's "
                         "OpenMPI settings and with OpenMPI's defaults), in rotating rounds", **common)
@@ -365,6 +396,9 @@ def parser():
                     help="TF threads per rank (default 1)")
     pa.add_argument("--timeout", type=positive_float, default=600, metavar="SEC", help="per run (default 600)")
     add_output_flags(pa)
+
+
+def profile_command(sub, common):
     pr = sub.add_parser("profile", help="a model's parameters, gradient bytes and tensors, one step timed here, "
                         "and a gradient profile FILE.json for --simulate-gpu (or --model)", **common)
     pr.add_argument("--model", required=True, type=model_name, metavar="NAME",
@@ -381,7 +415,6 @@ def parser():
                     help="the step time to write into the profile, e.g. a published GPU figure "
                          "(default: the one measured here)")
     pr.add_argument("--out", metavar="FILE.json", help="write the profile here, for --simulate-gpu FILE.json")
-    return p
 
 
 def run_profile(args):

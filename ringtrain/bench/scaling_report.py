@@ -70,7 +70,8 @@ def efficiency_text(r):
     return text
 
 
-def markdown(result):
+def intro(result):
+    """What ran, how it was measured, and on what machine."""
     cfg, env, site = result["config"], result["environment"], result.get("site") or {}
     load = env.get("load_average_at_start"), env.get("load_average_at_end")
     rounds = max((r["rounds"] for r in result["rows"]), default=1)
@@ -100,6 +101,11 @@ def markdown(result):
              f"Load average (1 min) at start/end: "
              f"{tables.fmt(load[0][0] if load[0] else None)}/{tables.fmt(load[1][0] if load[1] else None)} "
              f"(other work on the machine skews every number).\n\n")
+    return text
+
+
+def markdown(result):
+    text, site = intro(result), result.get("site") or {}
     text += tables.markdown(COLUMNS, table_rows(result))
     fit, ps_fit = result["alpha_beta"], result.get("alpha_beta_ps")
     if fit or ps_fit:

@@ -17,50 +17,11 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None, tf_fit=
     (without it, TF's collective rows are predicted with the ring fit)."""
     site = site or {"label": "this machine", "across_hosts": False, "link_rate": None, "dilation": 1.0,
                     "hosts": 1}
-    k = site.get("dilation") or 1.0
     cores = cfg.get("cores") or usable_cores()
     if any(bench_modes.is_ring(mode) for mode, _, _ in summaries) and not cfg.get("layer_bytes"):
         cfg = dict(cfg, layer_bytes=layer_bytes(cfg["model"]))
-    rows = []
-    for (mode, n, p), runs in summaries.items():
-        # in-graph, TF2 PS and towers: one process times every worker's samples; per worker is its share
-        share = n if bench_modes.one_timer(mode) else 1
-        windows = [w / share for s in runs for per_worker in s.get("window_images_per_sec", []) for w in per_worker]
-        window_mean, ci = stats.mean_ci95(windows)
-        step = median([mean(s.get("step_time_sec")) for s in runs])
-        compute = compute_seconds(summaries, mode, n, p, site["across_hosts"])
-        predicted = predicted_step_seconds(mode, runs[-1], compute, (tf_fit or fit) if bench_modes.exchange(mode) == "tf"
-                                           else fit, ps_fit, site, cfg)
-        comm = predicted - compute if predicted is not None else None
-        wire = median([measured_wire_bytes(s) for s in runs]) if site["across_hosts"] else None
-        theory = theory_wire_bytes(mode, runs[-1]) if site["across_hosts"] else None
-        procs = 1 if mode == "towers" else n + p  # towers: one process, a pool thread per tower
-        threads = n * max(cfg["threads"], 1) if mode == "towers" else procs * max(cfg["threads"], 1)
-        rows.append({
-            "mode": mode, "workers": n, "num_ps": p, "processes": procs, "cores": cores,
-            "hosts": len(set(runs[-1].get("hosts") or [])) or 1, "site": site["label"],
-            "link_rate": site.get("link_rate"), "time_dilation": k,
-            "algorithm": algorithm(mode, runs[-1], p),
-            "threads_per_worker": cfg["threads"],
-            "oversubscribed": not site["across_hosts"] and threads > cores,
-            "per_worker_images_per_sec_mean": window_mean * k, "per_worker_images_per_sec_ci95": _scale(ci, k),
-            "rounds": len(runs), "total_images_per_sec_runs": [s["images_per_sec"] * k for s in runs],
-            "total_images_per_sec": median([s["images_per_sec"] for s in runs]) * k,
-            "step_time_ms": _ms(step, k), "compute_time_ms": _ms(compute, k),
-            "exposed_comm_ms": _ms(step - compute, k) if step is not None and compute is not None else None,
-            "predicted_comm_ms": _ms(comm, k), "predicted_step_time_ms": _ms(predicted, k),
-            "prediction_error_pct": 100 * (predicted - step) / step if predicted and step else None,
-            "wire_bytes_per_step": wire, "wire_bytes_theory": theory,
-            "wire_bytes_pct_of_theory": 100 * wire / theory if wire is not None and theory else None,
-            "scaling": cfg["scaling"], "per_worker_batch": per_worker_batch(cfg, n),
-            "global_batch": per_worker_batch(cfg, n) * n, "timed_windows": len(windows),
-            "steps": runs[0].get("steps"), "train_loss": runs[-1].get("train_loss"),
-            "test_accuracy": runs[-1].get("test_accuracy"), "staleness_mean": runs[-1].get("staleness_mean"),
-            "staleness_max": runs[-1].get("staleness_max"),
-            "cpu_horovod_thread_pct": median([cpu_per_worker(s, "horovod_thread") for s in runs]),
-            "cpu_other_threads_pct": median([cpu_per_worker(s, "other_threads") for s in runs]),
-            "summary_json": runs[-1].get("_summary_json"), "log": runs[-1].get("_log"),
-        })
+    rows = [row(summaries, mode, n, p, runs, cfg, fit, ps_fit, tf_fit, site, cores)
+            for (mode, n, p), runs in summaries.items()]
     for r in rows:
         add_ratios(r, rows)
     order = list(cfg["modes"]) + ["independent"]
@@ -71,6 +32,49 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None, tf_fit=
             "site": site,
             "config": {k_: v for k_, v in cfg.items() if k_ not in ("cores", "environment")},
             "environment": environment or cfg.get("environment") or describe(threads_per_worker=cfg["threads"])}
+
+
+def row(summaries, mode, n, p, runs, cfg, fit, ps_fit, tf_fit, site, cores):
+    """The table's row of (mode, N, P) from its rounds' summaries."""
+    k = site.get("dilation") or 1.0
+    # in-graph, TF2 PS and towers: one process times every worker's samples; per worker is its share
+    share = n if bench_modes.one_timer(mode) else 1
+    windows = [w / share for s in runs for per_worker in s.get("window_images_per_sec", []) for w in per_worker]
+    window_mean, ci = stats.mean_ci95(windows)
+    step = median([mean(s.get("step_time_sec")) for s in runs])
+    compute = compute_seconds(summaries, mode, n, p, site["across_hosts"])
+    predicted = predicted_step_seconds(mode, runs[-1], compute, (tf_fit or fit) if bench_modes.exchange(mode) == "tf"
+                                       else fit, ps_fit, site, cfg)
+    comm = predicted - compute if predicted is not None else None
+    wire = median([measured_wire_bytes(s) for s in runs]) if site["across_hosts"] else None
+    theory = theory_wire_bytes(mode, runs[-1]) if site["across_hosts"] else None
+    procs = 1 if mode == "towers" else n + p  # towers: one process, a pool thread per tower
+    threads = n * max(cfg["threads"], 1) if mode == "towers" else procs * max(cfg["threads"], 1)
+    return {
+        "mode": mode, "workers": n, "num_ps": p, "processes": procs, "cores": cores,
+        "hosts": len(set(runs[-1].get("hosts") or [])) or 1, "site": site["label"],
+        "link_rate": site.get("link_rate"), "time_dilation": k,
+        "algorithm": algorithm(mode, runs[-1], p),
+        "threads_per_worker": cfg["threads"],
+        "oversubscribed": not site["across_hosts"] and threads > cores,
+        "per_worker_images_per_sec_mean": window_mean * k, "per_worker_images_per_sec_ci95": _scale(ci, k),
+        "rounds": len(runs), "total_images_per_sec_runs": [s["images_per_sec"] * k for s in runs],
+        "total_images_per_sec": median([s["images_per_sec"] for s in runs]) * k,
+        "step_time_ms": _ms(step, k), "compute_time_ms": _ms(compute, k),
+        "exposed_comm_ms": _ms(step - compute, k) if step is not None and compute is not None else None,
+        "predicted_comm_ms": _ms(comm, k), "predicted_step_time_ms": _ms(predicted, k),
+        "prediction_error_pct": 100 * (predicted - step) / step if predicted and step else None,
+        "wire_bytes_per_step": wire, "wire_bytes_theory": theory,
+        "wire_bytes_pct_of_theory": 100 * wire / theory if wire is not None and theory else None,
+        "scaling": cfg["scaling"], "per_worker_batch": per_worker_batch(cfg, n),
+        "global_batch": per_worker_batch(cfg, n) * n, "timed_windows": len(windows),
+        "steps": runs[0].get("steps"), "train_loss": runs[-1].get("train_loss"),
+        "test_accuracy": runs[-1].get("test_accuracy"), "staleness_mean": runs[-1].get("staleness_mean"),
+        "staleness_max": runs[-1].get("staleness_max"),
+        "cpu_horovod_thread_pct": median([cpu_per_worker(s, "horovod_thread") for s in runs]),
+        "cpu_other_threads_pct": median([cpu_per_worker(s, "other_threads") for s in runs]),
+        "summary_json": runs[-1].get("_summary_json"), "log": runs[-1].get("_log"),
+    }
 
 
 def layer_bytes(model):

@@ -28,6 +28,13 @@ class OneLineParser(argparse.ArgumentParser):
         pass
 
 
+def add_version(parser):
+    """--version: the command's name and ringtrain's version."""
+    from ringtrain import __version__
+    parser.add_argument("--version", action="version", version=f"{parser.prog.split()[0]} {__version__}",
+                        help="print the version and exit")
+
+
 def positive_int(text):
     value = int(text)
     if value <= 0:

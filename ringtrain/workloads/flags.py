@@ -81,7 +81,14 @@ def add_training_flags(parser, summary_json=True):
     """The flags every mode shares: the model and data, and what the one
     training loop (workloads/loop.py) does in every mode. summary_json=False
     leaves --summary-json to a launcher that defines its own."""
-    g = parser.add_argument_group("model and data (every mode)")
+    add_model_and_data_flags(parser.add_argument_group("model and data (every mode)"))
+    add_checkpoint_flags(parser.add_argument_group("checkpoints (every mode; the chief writes them)"))
+    add_run_flags(parser.add_argument_group("the run (every mode)"), summary_json)
+    add_measurement_flags(parser.add_argument_group("measurement (every mode)"))
+    return parser
+
+
+def add_model_and_data_flags(g):
     g.add_argument("--model", type=model_name, metavar="NAME",
                    help=f"one of {', '.join(sorted(MODEL_SPECS))} (default {DEFAULT_MODEL}); keras:NAME, a network "
                         "of keras.applications (e.g. keras:ResNet50, built with weights=None); "
@@ -121,7 +128,8 @@ def add_training_flags(parser, summary_json=True):
     g.add_argument("--threads", type=non_negative_int, default=0, metavar="T",
                    help="TF intra- and inter-op threads per worker (0: TF's default)")
 
-    c = parser.add_argument_group("checkpoints (every mode; the chief writes them)")
+
+def add_checkpoint_flags(c):
     c.add_argument("--checkpoint-dir", metavar="DIR", help="write checkpoints here")
     c.add_argument("--checkpoint-every", type=positive_int, default=100, metavar="K",
                    help="checkpoint every K steps and at the end (default %(default)s)")
@@ -131,7 +139,8 @@ def add_training_flags(parser, summary_json=True):
                    help="continue from CKPT (a prefix or directory), or with no value from the newest "
                         "readable checkpoint in --checkpoint-dir, if any")
 
-    r = parser.add_argument_group("the run (every mode)")
+
+def add_run_flags(r, summary_json=True):
     r.add_argument("--warmup-steps", type=non_negative_int, default=3, metavar="K",
                    help="first K steps are not timed: tracing, graph optimisation, first "
                         "negotiations (default %(default)s)")
@@ -151,7 +160,8 @@ def add_training_flags(parser, summary_json=True):
                         "where training waits for it, and goes on without it where it can; 0 disables "
                         "(default %(default)g)")
 
-    m = parser.add_argument_group("measurement (every mode)")
+
+def add_measurement_flags(m):
     m.add_argument("--straggler", type=straggler.parse, metavar="RANK:FACTOR[:EVERY]",
                    help="make one worker (ring rank, PS worker task, tower) slow, as if its host were: "
                         "each of its steps takes FACTOR times its compute time, by waiting after the "
@@ -160,7 +170,6 @@ def add_training_flags(parser, summary_json=True):
                    help="with --snapshot-dir: the chief saves the weights every K steps, with the training "
                         "seconds and samples seen, for evaluating afterwards (ringtrain-bench convergence)")
     m.add_argument("--snapshot-dir", metavar="DIR", help="where --snapshot-every writes")
-    return parser
 
 
 def check_shared_flags(args):
