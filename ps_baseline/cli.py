@@ -73,7 +73,7 @@ def run_task(argv):
     mode = modes.chosen("ps-baseline", args)
     job, index = mode.trainer_task
     trains = args.job_name == job and index in (None, args.task_index)
-    dataset = load_training_data(args) if trains else None  # numpy: bad paths fail before TF loads
+    dataset = load_training_data(args, workers=len(cluster.worker)) if trains else None  # (before TF loads)
 
     from ringtrain.workloads.tfenv import import_tensorflow_quietly
     tf = import_tensorflow_quietly()

@@ -4,15 +4,12 @@ every worker builds its own replica) and in-graph (worker_ingraph.py, one
 client builds a tower on every worker). Both feed placeholders from numpy,
 run inside a MonitoredSession that the chief's restored checkpoint opens,
 and keep where training stands in the graph's own step counters."""
-import functools
 from dataclasses import dataclass
 
 from ringtrain.common.errors import UsageError
 from ringtrain.multihost.net import wait_for
 from ringtrain.workloads.checkpoints import Progress
-from ringtrain.workloads.data import as_float
 from ringtrain.workloads.mode import Mode
-from ringtrain.workloads.sharding import epoch_shard
 
 
 def graph_mode(tf):
@@ -26,25 +23,25 @@ def graph_mode(tf):
 
 @dataclass
 class Feeds:
-    """The placeholders one step or one test batch is fed through."""
+    """The placeholders one update (K micro-batches) or one test batch is fed through."""
     images: object
     labels: object
     weights: object
     global_count: object
 
     @classmethod
-    def make(cls, tf, image_shape, global_count=None):
-        return cls(tf.compat.v1.placeholder(tf.float32, [None, *image_shape], "images"),
-                   tf.compat.v1.placeholder(tf.int32, [None], "labels"),
-                   tf.compat.v1.placeholder(tf.float32, [None], "weights"),
+    def make(cls, tf, image_shape, micro_batches=None, global_count=None):
+        """micro_batches: K, an update's; None: a test batch's (no leading K)."""
+        k = [] if micro_batches is None else [micro_batches]
+        return cls(tf.compat.v1.placeholder(tf.float32, [*k, None, *image_shape], "images"),
+                   tf.compat.v1.placeholder(tf.int32, [*k, None], "labels"),
+                   tf.compat.v1.placeholder(tf.float32, [*k, None], "weights"),
                    global_count if global_count is not None else
                    tf.compat.v1.placeholder(tf.float32, [], "global_count"))
 
-    def train_batch(self, dataset, shard, batch, batch_size):
-        rows = slice(batch * batch_size, (batch + 1) * batch_size)
-        idx = shard.indices[rows]
-        return {self.images: as_float(dataset.train_images[idx]), self.labels: dataset.train_labels[idx],
-                self.weights: shard.weights[rows], self.global_count: shard.global_counts[batch]}
+    def feed(self, batch):
+        images, labels, weights, count = batch
+        return {self.images: images, self.labels: labels, self.weights: weights, self.global_count: count}
 
 
 class Sessions:
@@ -100,22 +97,22 @@ class GraphMode(Mode):
         step = int(self.position())
         epoch, batch = divmod(step, self.steps_per_epoch)
         return Progress.at(step, epoch, batch, self.steps_per_epoch, self.identity.workers,
-                           self.config.data.batch_size)
+                           self.config.data.per_update)
 
     def batches(self, start):
-        # PS: each worker's batches come from its own shard of every epoch, fed from numpy.
-        c, num_workers, dataset = self.config.data, self.identity.workers, self.dataset
-        shard = functools.lru_cache(maxsize=2 * len(self.feeds))(
-            lambda epoch, worker: epoch_shard(len(dataset.train_labels), worker, num_workers, c.batch_size, c.seed,
-                                              epoch))
-        step = start.step
+        # PS: each worker's batches come from its own shard of every epoch, read through the
+        # shared pipeline as numpy (in a graph of its own) and fed.
+        from ringtrain.workloads.pipeline import numpy_batches_from
+        c, num_workers = self.config.data, self.identity.workers
+        epoch, done = divmod(start.step, self.steps_per_epoch)
+        streams = [(feeds, numpy_batches_from(self.dataset, worker, num_workers, c, epoch, done))
+                   for worker, feeds in self.feeds]
         while not self.sessions.monitored.should_stop():
-            epoch, batch = divmod(step, self.steps_per_epoch)
             feed = {}
-            for worker, feeds in self.feeds:
-                feed.update(feeds.train_batch(dataset, shard(epoch, worker), batch, c.batch_size))
-            yield epoch, batch + 1, feed
-            step += 1
+            for feeds, stream in streams:
+                epoch, done, batch = next(stream)
+                feed.update(feeds.feed(batch))
+            yield epoch, done, feed
 
     def weights(self):
         from ringtrain.workloads.models import variable_name

@@ -123,7 +123,7 @@ def main(argv):
     check_mode(args, args.num_workers)
     # The launcher writes the summary; the chief writes checkpoints on its own host, and checks them there.
     check_outputs(argparse.Namespace(summary_json=args.summary_json) if args.hostfile else args)
-    load_training_data(args)  # bad data flags fail here, before any task starts
+    load_training_data(args, workers=args.num_workers)  # bad data flags fail here, before any task starts
     tf2 = args.api == "tf2"
     hosts = (hostfile.read_hostfile(args.hostfile) if args.hostfile
              else [hostfile.Host("localhost", args.num_workers)])

@@ -14,7 +14,7 @@ from ringtrain.workloads.mode import Alone, Identity, Mode, StepResult, Straggle
 from ringtrain.common.parsing import add_version, positive_int
 from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, refuse_sync_batch_norm
 from ringtrain.workloads.outputs import check_outputs
-from ringtrain.workloads.sharding import steps_per_epoch
+from ringtrain.workloads.sharding import updates_per_epoch
 from ringtrain.workloads.straggler import check as check_straggler
 
 PROG = "ps-baseline towers"
@@ -43,7 +43,7 @@ def tower_devices(tf, k):
 def main(argv):
     args = parser().parse_args(argv)
     check_outputs(args)
-    dataset = load_training_data(args)  # numpy: bad input fails before TF loads
+    dataset = load_training_data(args, workers=args.towers)  # numpy: bad input fails before TF loads
     check_straggler(args.straggler, args.towers, "tower")
     refuse_sync_batch_norm(args, "towers share their variables but not their batches' statistics")
     from ringtrain.workloads.tfenv import import_tensorflow_quietly
@@ -61,17 +61,19 @@ def train(config, k, dataset):
 
     # Towers: the variables, the optimizer and the averaging live on the CPU.
     with tf.device("/device:CPU:0"):
+        from ringtrain.workloads.gradients import LossScale
         model = config.model.build()
         optimizer = config.optimizer.keras()
         optimizer.build(model.trainable_variables)
-    loop.Training(config, dataset, Towers(tf, config, dataset, model, optimizer, devices)).run()
+        loss_scale = LossScale(tf) if config.model.loss_scaled else None
+    loop.Training(config, dataset, Towers(tf, config, dataset, model, optimizer, devices, loss_scale)).run()
     return 0
 
 
 class Towers(Mode):
     """The towers' one process, as the shared loop runs it."""
 
-    def __init__(self, tf, config, dataset, model, optimizer, devices):
+    def __init__(self, tf, config, dataset, model, optimizer, devices, loss_scale=None):
         from ringtrain.workloads.checkpoints import ObjectStore
         from ringtrain.workloads.evaluation import metrics_of
         k = len(devices)
@@ -79,10 +81,12 @@ class Towers(Mode):
         self.identity = Identity("towers", PROG, k, local_workers=tuple(range(k)), worker_word="tower",
                                  device=", ".join(devices))
         self.agree, self.straggler = Alone(), StragglerWait.IN_STEP
-        self.store = ObjectStore(config.loop.keep_checkpoints, model=model, optimizer=optimizer)
-        self.steps_per_epoch = steps_per_epoch(len(dataset.train_labels), k, config.data.batch_size)
+        self.store = ObjectStore(config.loop.keep_checkpoints, model=model, optimizer=optimizer,
+                                 **(loss_scale.variables() if loss_scale else {}))
+        self.steps_per_epoch = updates_per_epoch(dataset, k, config.data.batch_size, config.data.accumulate)
         self.describe = f"{k} tower(s) on {', '.join(devices)} x batch {config.data.batch_size}"
-        self.train_step, self.evaluate = make_train_step(tf, model, optimizer, devices), metrics_of(model)
+        self.train_step = make_train_step(tf, model, optimizer, devices, loss_scale)
+        self.evaluate = metrics_of(model)
 
     def start(self, restored):
         from ringtrain.workloads.checkpoints import Progress
@@ -92,15 +96,15 @@ class Towers(Mode):
         from ringtrain.workloads import pipeline
         c, k = self.config.data, self.identity.workers
         # Towers: each tower reads its own disjoint shard of every epoch, as a worker would.
-        towers = [pipeline.batches_from(self.dataset, i, k, c.batch_size, c.seed, start.epoch,
-                                        start.batches_done(k, c.batch_size), c.threads) for i in range(k)]
+        towers = [pipeline.batches_from(self.dataset, i, k, c, start.epoch, start.batches_done(k, c.per_update))
+                  for i in range(k)]
         for parts in zip(*towers):
             yield parts[0][0], parts[0][1], [batch for _, _, batch in parts]
 
     def step(self, number, batches, straggler):
         # --straggler: how many times its compute each tower waits after it, this step
-        loss_sum, samples, applied, broke, waited = self.train_step(batches, self.tf.constant(straggler))
-        return StepResult(loss_sum, samples, bool(applied), waited=waited.numpy(),
+        loss_sum, samples, applied, broke, waited, overflow = self.train_step(batches, self.tf.constant(straggler))
+        return StepResult(loss_sum, samples, bool(applied), waited=waited.numpy(), overflow=bool(overflow),
                           broke=tuple(int(i) for i in self.tf.where(broke).numpy().ravel()))
 
     def weights(self):
@@ -112,9 +116,8 @@ class Towers(Mode):
         return dict(devices=self.devices, gradient_bytes=models.gradient_bytes(self.model))
 
 
-def make_train_step(tf, model, optimizer, devices):
-    from ringtrain.workloads import models
-    from ringtrain.workloads.gradients import apply_if_finite
+def make_train_step(tf, model, optimizer, devices, loss_scale=None):
+    from ringtrain.workloads.gradients import accumulated, apply_if_finite, overflowed
     from ringtrain.workloads.straggler import wait_after
     from ringtrain.workloads.tfenv import step_function
     k = len(devices)
@@ -122,25 +125,28 @@ def make_train_step(tf, model, optimizer, devices):
     @step_function
     def train_step(batches, extra):
         grads, loss_sums, counts, waits = [], [], [], []
-        for i, (device, (images, labels, weights, global_count)) in enumerate(zip(devices, batches)):
-            # Towers: forward and backward of this tower's batch on its own device.
+        for i, (device, batch) in enumerate(zip(devices, batches)):
+            # Towers: forward and backward of this tower's K micro-batches on its own device.
             with tf.device(device):
                 started = tf.timestamp()
-                with tf.control_dependencies([started]), tf.GradientTape() as tape:
-                    loss_sum = models.weighted_loss_sum(model, images, labels, weights)
+                with tf.control_dependencies([started]):
                     # the global batch's mean per-tower share, as in every other mode
-                    loss = loss_sum / (global_count / k)
-                tower_grads, waited = wait_after(tf, tape.gradient(loss, model.trainable_variables),
-                                                 started, extra[i])  # --straggler
+                    loss_sum, samples, tower_grads = accumulated(tf, model, batch, batch[3] / k, loss_scale)
+                tower_grads, waited = wait_after(tf, tower_grads, started, extra[i])  # --straggler
             grads.append(tower_grads)
             loss_sums.append(loss_sum)
-            counts.append(tf.reduce_sum(weights))
+            counts.append(samples)
             waits.append(waited)
         # Towers: the mean gradient, on the CPU, applied once (if finite).
         with tf.device("/device:CPU:0"):
             mean = [tf.add_n(list(per_var)) / k for per_var in zip(*grads)]
             applied = apply_if_finite(optimizer, mean, model.trainable_variables)
+            with tf.control_dependencies([applied]):
+                rescaled = loss_scale.update(applied) if loss_scale else tf.no_op()
             broke = tf.logical_not(tf.math.is_finite(tf.stack(loss_sums)))
-            return tf.add_n(loss_sums), tf.add_n(counts), applied, broke, tf.stack(waits)
+            total = tf.add_n(loss_sums)
+            with tf.control_dependencies([rescaled]):
+                return (total, tf.add_n(counts), tf.identity(applied), broke, tf.stack(waits),
+                        overflowed(tf, applied, total, loss_scale))
 
     return train_step

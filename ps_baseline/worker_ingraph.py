@@ -22,7 +22,7 @@ from ps_baseline.graph_mode import Feeds, GraphMode, Sessions, graph_mode
 from ps_baseline.options import PROG, RESUME
 from ringtrain.workloads import loop
 from ringtrain.workloads.mode import Alone, Identity, StepResult, StragglerWait, Topology
-from ringtrain.workloads.sharding import steps_per_epoch
+from ringtrain.workloads.sharding import updates_per_epoch
 
 CLIENT = 0  # the worker task that builds the graph and drives training
 
@@ -41,6 +41,7 @@ class Tower:
 class ClientGraph:
     """The one graph the client builds: a tower per worker task."""
     towers: list
+    test_feeds: Feeds
     train_op: object
     finite: object        # the towers' mean gradient was finite (else the update was skipped)
     applied_step: object  # the global step after this step's update
@@ -54,7 +55,7 @@ class ClientGraph:
 
 def build_graph(tf, config, ps, cluster_spec, image_shape):
     from ringtrain.workloads import models
-    from ringtrain.workloads.gradients import SkipNonFinite, all_finite
+    from ringtrain.workloads.gradients import LossScale, SkipNonFinite, all_finite, graph_accumulated
     from ringtrain.workloads.straggler import wait_after
     num_ps, num_workers = cluster_spec.num_tasks("ps"), cluster_spec.num_tasks("worker")
     # PS: the variables go to the PS tasks (by --placement); the client's own ops to worker 0.
@@ -65,22 +66,23 @@ def build_graph(tf, config, ps, cluster_spec, image_shape):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         skipped = tf.compat.v1.get_variable("ps_baseline/skipped_updates", [], tf.int64, tf.zeros_initializer(),
                                             trainable=False, use_resource=True)
-        optimizer = SkipNonFinite(tf, config.optimizer.v1(), skipped)
+        loss_scale = LossScale(tf) if config.model.loss_scaled else None
+        optimizer = SkipNonFinite(tf, config.optimizer.v1(), skipped, loss_scale)
         global_count = tf.compat.v1.placeholder(tf.float32, [], "global_count")
+        scale = tf.identity(loss_scale.scale.read_value()) if loss_scale else None
     towers, tower_grads = [], []
     for i in range(num_workers):
         # PS: tower i runs on worker i, reading the variables from the PS tasks.
         device = f"/job:worker/task:{i}"
         with tf.compat.v1.device(device), tf.compat.v1.name_scope(f"tower_{i}"):
-            feeds = Feeds.make(tf, image_shape, global_count)
+            feeds = Feeds.make(tf, image_shape, config.data.accumulate, global_count)
             started = tf.timestamp()
-            with tf.control_dependencies([started]):
-                loss_sum = tf.reduce_sum(feeds.weights * models.per_example_loss(
-                    model(feeds.images, training=True), feeds.labels))
             # Normalised by the global batch's mean per-tower share, as in every other
             # mode, so the towers' mean gradient is the global batch's gradient.
-            loss = loss_sum / (global_count / num_workers)
-            grads = optimizer.compute_gradients(loss, colocate_gradients_with_ops=True)
+            loss_sum, grads = graph_accumulated(
+                tf, model, feeds, global_count / num_workers,
+                lambda loss: optimizer.compute_gradients(loss, colocate_gradients_with_ops=True), scale,
+                before=[started])
             extra = tf.compat.v1.placeholder_with_default(0.0, [], "straggler_extra")
             held, waited = wait_after(tf, [g for g, _ in grads], started, extra)
             grads = list(zip(held, [v for _, v in grads]))
@@ -95,12 +97,12 @@ def build_graph(tf, config, ps, cluster_spec, image_shape):
         train_op = optimizer.apply_gradients(averaged, global_step=global_step)
         with tf.control_dependencies([train_op]):
             applied_step = tf.identity(global_step.read_value())
-        test_metrics = models.correct_and_loss_sum(model(towers[0].feeds.images, training=False),
-                                                   towers[0].feeds.labels)
+        test_feeds = Feeds.make(tf, image_shape)
+        test_metrics = models.correct_and_loss_sum(model(test_feeds.images, training=False), test_feeds.labels)
     serving = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers) if i != CLIENT]
     shutdown = servers.shutdown_ops(tf, serving)
     per_ps = placement.describe(tf.compat.v1.trainable_variables())[1]
-    return ClientGraph(towers, train_op, finite, applied_step, global_step, test_metrics, model_variables,
+    return ClientGraph(towers, test_feeds, train_op, finite, applied_step, global_step, test_metrics, model_variables,
                    models.is_simulated(model), [per_ps.get(f"/job:ps/task:{i}", 0) for i in range(num_ps)],
                    shutdown)
 
@@ -115,7 +117,7 @@ def train(config, ps, cluster, task, dataset):
     server = servers.start_server(tf, cluster, "worker", CLIENT, config.data.threads)
     servers.wait_for_tasks(cluster, "ps", ps.startup_timeout)
     servers.wait_for_tasks(cluster, "worker", ps.startup_timeout)
-    g = build_graph(tf, config, ps, tf.train.ClusterSpec(cluster.as_dict()), dataset.train_images.shape[1:])
+    g = build_graph(tf, config, ps, tf.train.ClusterSpec(cluster.as_dict()), dataset.image_shape)
     mode = InGraph(tf, config, ps, cluster, dataset, server, g, device)
     summary = loop.Training(config, dataset, mode).run()
     # PS: training is over; let every serving task exit.
@@ -145,12 +147,12 @@ class InGraph(GraphMode):
         self.sessions = Sessions(tf, server, session_config(tf, config.data.threads))
         self.agree, self.straggler = Alone(), StragglerWait.IN_STEP
         self.store = GraphStore(tf, config.loop.keep_checkpoints, self.sessions.in_session)
-        self.steps_per_epoch = steps_per_epoch(len(dataset.train_labels), num_workers, config.data.batch_size)
+        self.steps_per_epoch = updates_per_epoch(dataset, num_workers, config.data.batch_size, config.data.accumulate)
         self.topology = Topology(advice=RESUME, servers=tuple(
             [(f"ps task {i}", a) for i, a in enumerate(cluster.ps)] +
             [(f"worker task {i} (tower {i})", a) for i, a in enumerate(cluster.worker) if i != CLIENT]))
         self.feeds = [(i, tower.feeds) for i, tower in enumerate(g.towers)]
-        self.test_feeds, self.test_metrics, self.model_variables = g.towers[0].feeds, g.test_metrics, g.model_variables
+        self.test_feeds, self.test_metrics, self.model_variables = g.test_feeds, g.test_metrics, g.model_variables
         self.evaluate = None if g.simulated else self.evaluate_batch
         if ps.show_placement:
             self.say(placement.format_table(*placement.describe(g.model_variables), ps.placement))
@@ -178,7 +180,9 @@ class InGraph(GraphMode):
             [g.train_op, [t.loss_sum for t in g.towers], [t.count for t in g.towers], g.finite, g.applied_step,
              [t.waited for t in g.towers]], feed)
         broke = tuple(i for i, loss in enumerate(loss_sums) if not math.isfinite(loss))
-        return StepResult(sum(loss_sums), sum(counts), bool(finite), broke=broke, waited=waits)
+        # (float16: gradients that overflowed at the loss scale, from a finite loss, are not divergence)
+        overflow = self.config.model.loss_scaled and not finite and not broke
+        return StepResult(sum(loss_sums), sum(counts), bool(finite), broke=broke, waited=waits, overflow=overflow)
 
     def summary_fields(self, reports):
         g = self.g

@@ -8,13 +8,16 @@ shared one (workloads/loop.py); a scheduled step's result is read a few
 steps later, so the workers are never left waiting for the coordinator.
 Lines that distribution adds are marked `# PS:`.
 """
+import functools
+import math
+
 import numpy as np
 
 from ps_baseline import reports, servers
 from ps_baseline.options import PROG, RESUME
 from ringtrain.workloads import loop
 from ringtrain.workloads.mode import Alone, Deferred, Identity, Mode, StepResult, StragglerWait, Topology
-from ringtrain.workloads.sharding import epoch_shard, steps_per_epoch
+from ringtrain.workloads.sharding import epoch_plan, updates_per_epoch
 
 LAG_PER_WORKER = 4  # steps in flight per worker: results are read this far behind
 
@@ -76,14 +79,15 @@ class Coordinator(Mode):
         self.identity = Identity("ps-tf2", PROG, num_workers, local_workers=tuple(range(num_workers)),
                                  prefix="coordinator: ")
         self.agree, self.store = Alone(), ObjectStore(config.loop.keep_checkpoints, **self.state.checkpointed())
-        self.steps_per_epoch = steps_per_epoch(len(dataset.train_labels), num_workers, b)
+        self.steps_per_epoch = updates_per_epoch(dataset, num_workers, b, config.data.accumulate)
         self.topology = Topology(
             waits_for_all=False, servers=tuple((f"ps task {i}", a) for i, a in enumerate(cluster.ps)),
             # (TF's coordinator goes on without a dead worker: a frozen one is named when nobody steps)
             frozen_candidates=tuple((f"worker task {i}", a) for i, a in enumerate(cluster.worker)),
             advice=RESUME)
         # PS: every worker's steps are scheduled here, one at a time, each waiting on its own worker.
-        self.straggler, self.scheduled, self.samples_per_update = StragglerWait.ON_WORKERS, num_workers, b
+        self.straggler, self.scheduled = StragglerWait.ON_WORKERS, num_workers
+        self.samples_per_update = config.data.per_update
         self.lag, self.describe = LAG_PER_WORKER * num_workers, f"{num_workers} worker(s), {len(cluster.ps)} ps"
         self.evaluate = metrics_of(self.state.model)
 
@@ -91,7 +95,7 @@ class Coordinator(Mode):
         """The position is each worker's own step count, restored with the rest."""
         from ringtrain.workloads.checkpoints import Progress
         steps, per_round = self.state.steps(), self.steps_per_epoch * self.scheduled
-        return Progress.at(steps, steps // per_round, steps % per_round, per_round, 1, self.config.data.batch_size)
+        return Progress.at(steps, steps // per_round, steps % per_round, per_round, 1, self.config.data.per_update)
 
     def batches(self, start):
         # PS: each worker reads its own shard, from where it stood.
@@ -108,9 +112,10 @@ class Coordinator(Mode):
         scheduled = self.coordinator.schedule(self.worker_step, args=(iterator,))
 
         def resolve():
-            loss_sum, samples, applied, update, worker, waited = (np.asarray(v) for v in scheduled.fetch())
+            loss_sum, samples, applied, update, worker, waited, overflow = (np.asarray(v) for v in scheduled.fetch())
             return StepResult(loss_sum, samples, bool(applied), update=int(update), broke=(int(worker),),
-                              waited=np.eye(self.identity.workers)[int(worker)] * float(waited))
+                              waited=np.eye(self.identity.workers)[int(worker)] * float(waited),
+                              overflow=bool(overflow))
         return Deferred(resolve)
 
     def weights(self):
@@ -131,8 +136,10 @@ class TrainingState:
     """The model, optimizer and counters, created on the PS tasks."""
 
     def __init__(self, tf, strategy, config, num_workers):
+        from ringtrain.workloads.gradients import LossScale
         with strategy.scope():
             self.model = config.model.build()
+            self.loss_scale = LossScale(tf) if config.model.loss_scaled else None
             self.optimizer = config.optimizer.keras()
             self.optimizer.build(self.model.trainable_variables)
             # Keras 3's optimizer.iterations loses increments under async PS: count ourselves.
@@ -144,42 +151,46 @@ class TrainingState:
 
     def checkpointed(self):
         return dict(model=self.model, optimizer=self.optimizer, global_step=self.global_step,
-                    worker_steps=self.worker_steps)
+                    worker_steps=self.worker_steps, **(self.loss_scale.variables() if self.loss_scale else {}))
 
     def steps(self):
         return int(self.global_step.numpy())
 
 
-def per_worker_dataset(tf, config, dataset, num_workers, per_epoch, worker_steps):
+def per_worker_dataset(tf, config, source, num_workers, per_epoch, worker_steps):
     """The dataset function create_per_worker_dataset runs on each worker: the
-    worker's own shard of every epoch (as every other mode shards them), from
-    the batch its step count says it stands at, with its --straggler factors.
-    TF traces it once for every worker: the worker learns which one it is when
-    it runs, from tf.distribute.coordinator.experimental_get_current_worker_index()."""
-    b, n = config.data.batch_size, len(dataset.train_labels)
-    epochs = max(worker_steps) // per_epoch + 2  # then around again (.repeat): async workers vary in pace
-    shards = [[epoch_shard(n, r, num_workers, b, config.data.seed, e) for r in range(num_workers)]
-              for e in range(epochs)]
-    indices = np.array([[s.indices for s in row] for row in shards], np.int32)        # [epochs, W, per rank]
-    weights = np.array([[s.weights for s in row] for row in shards], np.float32)
-    counts = np.array([[s.global_counts for s in row] for row in shards], np.float32)  # [epochs, W, per_epoch]
+    worker's own share of every epoch (workloads/pipeline.py, as every other
+    mode reads it), from the update its step count says it stands at, with its
+    --straggler factors. TF traces it once for every worker: the worker learns
+    which one it is when it runs, from
+    tf.distribute.coordinator.experimental_get_current_worker_index(), and reads
+    the one of the workers' datasets that is its own."""
+    from ringtrain.workloads.pipeline import epoch_dataset
+    data, loop_ = config.data, config.loop
+    if source.train.in_memory:
+        source.train.keep_as_tensors(tf)  # (one copy, captured by the function, not each epoch's share)
+    # the epochs this run covers, then around again (.repeat): async workers vary in pace
+    epochs = min(math.ceil(loop_.steps / per_epoch) + 1 if loop_.steps else loop_.epochs + 1, 100)
+
+    def own(worker):
+        first, done = divmod(worker_steps[worker], per_epoch)
+        parts = [epoch_dataset(tf, source, epoch_plan(source, worker, num_workers, data.batch_size, data.accumulate,
+                                                      data.seed, e, done if e == first else 0),
+                               data.batch_size, data.accumulate) for e in range(first, first + epochs)]
+        return functools.reduce(lambda a, b: a.concatenate(b), parts).repeat()
+
     # --straggler: each worker's wait after each of its own steps, in multiples of its compute, from
     # the one policy (Straggler.extra), for one period of its slow steps
-    spec = config.loop.straggler
+    spec = loop_.straggler
     period = spec.every if spec else 1
     extra = np.array([[spec.extra(w, s) if spec else 0.0 for s in range(1, period + 1)] for w in range(num_workers)],
                      np.float32)  # [W, period]: step s (from 1) of worker w waits extra[w, (s - 1) % period]
 
     def dataset_fn(_):
         worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
-        images, labels = tf.constant(dataset.train_images), tf.constant(dataset.train_labels)
-        mine = tf.data.Dataset.from_tensor_slices((tf.gather(indices, worker, axis=1), tf.gather(weights, worker, axis=1),
-                                                   tf.gather(counts, worker, axis=1)))
-        batches = mine.flat_map(lambda idx, w, c: tf.data.Dataset.zip((
-            tf.data.Dataset.from_tensor_slices(idx).batch(b), tf.data.Dataset.from_tensor_slices(w).batch(b),
-            tf.data.Dataset.from_tensor_slices(c))))
-        batches = batches.repeat().skip(tf.gather(tf.constant(worker_steps, tf.int64), worker)).map(
-            lambda idx, w, c: (tf.cast(tf.gather(images, idx), tf.float32) / 255.0, tf.gather(labels, idx), w, c))
+        # (only the chosen one is read: the others' files are never opened)
+        batches = tf.data.Dataset.choose_from_datasets([own(w) for w in range(num_workers)],
+                                                       tf.data.Dataset.from_tensors(tf.cast(worker, tf.int64)).repeat())
         factor = tf.data.Dataset.from_tensor_slices(tf.gather(extra, worker)).repeat()
         return tf.data.Dataset.zip((batches, factor, tf.data.Dataset.from_tensors(worker).repeat()))
 
@@ -187,31 +198,30 @@ def per_worker_dataset(tf, config, dataset, num_workers, per_epoch, worker_steps
 
 
 def make_worker_step(tf, strategy, state, num_workers):
-    from ringtrain.workloads import models
-    from ringtrain.workloads.gradients import apply_if_finite
+    from ringtrain.workloads.gradients import accumulated, apply_if_finite, overflowed
     from ringtrain.workloads.straggler import wait_after
     from ringtrain.workloads.tfenv import step_function
-    model, optimizer, global_step = state.model, state.optimizer, state.global_step
+    model, optimizer, global_step, loss_scale = state.model, state.optimizer, state.global_step, state.loss_scale
 
     @step_function
     def worker_step(iterator):
         def step(batch, extra, worker):
-            images, labels, weights, global_count = batch
             read_step = global_step.read_value()
             started = tf.timestamp()
             with tf.control_dependencies([read_step, started]):  # weights are read after the step count
-                with tf.GradientTape() as tape:
-                    loss_sum = models.weighted_loss_sum(model, images, labels, weights)
-                    loss = loss_sum / (global_count / num_workers)
-            grads = tape.gradient(loss, model.trainable_variables)
+                loss_sum, samples, grads = accumulated(tf, model, batch, batch[3] / num_workers, loss_scale)
             grads, waited = wait_after(tf, grads, started, extra)  # --straggler, on the straggler only
             applied = apply_if_finite(optimizer, grads, model.trainable_variables)
+            with tf.control_dependencies([applied]):
+                rescaled = loss_scale.update(applied) if loss_scale else tf.no_op()
             update = global_step.assign_add(1)
             state.worker_steps.scatter_add(tf.IndexedSlices(tf.ones([1], tf.int64), tf.reshape(worker, [1])))
             stale = update - read_step - 1
             state.stale_sum.assign_add(stale)
             state.stale_max.assign(tf.maximum(state.stale_max, stale))
-            return loss_sum, tf.reduce_sum(weights), applied, update, worker, waited
+            with tf.control_dependencies([rescaled]):
+                return (loss_sum, samples, tf.identity(applied), update, worker, waited,
+                        overflowed(tf, applied, loss_sum, loss_scale))
         # PS: runs on whichever worker the coordinator picks; variables live on the PS tasks.
         return strategy.run(step, args=next(iterator))
 

@@ -12,6 +12,7 @@ graph_mode.py. Lines that distribution adds are marked `# PS:`.
 """
 import contextlib
 import json
+import math
 import threading
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from ringtrain.common.errors import UsageError
 from ringtrain.multihost.net import wait_for
 from ringtrain.workloads import loop
 from ringtrain.workloads.mode import Agreement, Identity, StepResult, Topology
-from ringtrain.workloads.sharding import steps_per_epoch
+from ringtrain.workloads.sharding import updates_per_epoch
 from ringtrain.workloads.summary import dumps
 
 BOOKKEEPING = "ps_baseline"  # name scope of variables that are not the model's
@@ -31,6 +32,7 @@ BOOKKEEPING = "ps_baseline"  # name scope of variables that are not the model's
 @dataclass
 class ReplicaGraph:
     feeds: Feeds
+    test_feeds: Feeds
     train_op: object
     loss_sum: object       # this worker's weighted loss sum over its batch
     count: object          # its real samples
@@ -57,30 +59,30 @@ class ReplicaGraph:
 def build_graph(tf, config, ps, cluster_spec, task, num_workers, image_shape):
     """The replica graph of worker `task`."""
     from ringtrain.workloads import models
-    from ringtrain.workloads.gradients import SkipNonFinite, all_finite
+    from ringtrain.workloads.gradients import LossScale, SkipNonFinite, all_finite, graph_accumulated
     # PS: variables go to the PS tasks (by --placement), ops stay on this worker.
     with tf.compat.v1.device(placement.device_setter(ps.placement, cluster_spec, task)):
         make_variable = placement.variable_factory(ps.placement, cluster_spec.num_tasks("ps"), ps.partition_min_bytes)
         model = config.model.build(make_variable)
         model_variables = tf.compat.v1.global_variables()
-        feeds = Feeds.make(tf, image_shape)
+        feeds, test_feeds = Feeds.make(tf, image_shape, config.data.accumulate), Feeds.make(tf, image_shape)
         global_step, worker_steps, skipped = counters(tf, num_workers)
+        loss_scale = LossScale(tf) if config.model.loss_scaled else None  # (on a PS task)
         # PS: the model reads its weights after this read of the global step, so
         # (step after our update - 1 - this) counts the updates that landed in between.
         read_step = tf.identity(global_step.read_value())
-        with tf.control_dependencies([read_step]):
-            logits = model(feeds.images, training=True)
-        loss_sum = tf.reduce_sum(feeds.weights * models.per_example_loss(logits, feeds.labels))
-        # Normalised by the global batch's mean per-worker share, as in ring mode,
-        # so that averaging the workers' gradients gives the global batch's gradient.
-        loss = loss_sum / (feeds.global_count / num_workers)
-        optimizer = SkipNonFinite(tf, config.optimizer.v1(), skipped)
+        optimizer = SkipNonFinite(tf, config.optimizer.v1(), skipped, loss_scale)
         if ps.sync:
             # PS: sync training: wait for K gradients, average them, apply once (if finite).
             optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
                 optimizer, replicas_to_aggregate=ps.replicas_to_aggregate or num_workers,
                 total_num_replicas=num_workers)
-        grads_and_vars = optimizer.compute_gradients(loss)
+        # Normalised by the global batch's mean per-worker share, as in ring mode, so that
+        # averaging the workers' gradients gives the global batch's gradient; K micro-batches
+        # summed, unscaled (float16) before they are pushed.
+        scale = tf.identity(loss_scale.scale.read_value()) if loss_scale else None
+        loss_sum, grads_and_vars = graph_accumulated(tf, model, feeds, feeds.global_count / num_workers,
+                                                     optimizer.compute_gradients, scale, before=[read_step])
         finite = all_finite(tf, [g for g, _ in grads_and_vars if g is not None])
         train_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
         with tf.control_dependencies([train_op]):
@@ -90,14 +92,14 @@ def build_graph(tf, config, ps, cluster_spec, task, num_workers, image_shape):
         # restart instead of skipping it, and the update is counted exactly once.
         with tf.control_dependencies([train_op]), tf.compat.v1.colocate_with(worker_steps[task]):
             count_my_step = worker_steps[task].assign_add(1)
-        test_metrics = models.correct_and_loss_sum(model(feeds.images, training=False), feeds.labels)
+        test_metrics = models.correct_and_loss_sum(model(test_feeds.images, training=False), test_feeds.labels)
         # Only the shared (global) variables: local ones are this worker's to initialise.
         uninitialized = None if task == 0 else \
             tf.size(tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables()))
     report_ops, announce_ops, shutdown_ps = messages(tf, task, num_workers, cluster_spec.num_tasks("ps"))
     per_ps = placement.describe(tf.compat.v1.trainable_variables())[1]
     return ReplicaGraph(
-        feeds, train_op, loss_sum, tf.reduce_sum(feeds.weights), finite, read_step, applied_step,
+        feeds, test_feeds, train_op, loss_sum, tf.reduce_sum(feeds.weights), finite, read_step, applied_step,
         count_my_step, global_step, worker_steps, skipped, optimizer,
         # Sync: an update takes the accumulated gradients; one computed against an
         # older global step is dropped as stale. The accumulators count alike.
@@ -157,7 +159,7 @@ def train(config, ps, cluster, task, dataset):
     server = servers.start_server(tf, cluster, "worker", task, config.data.threads)
     servers.wait_for_tasks(cluster, "ps", ps.startup_timeout)
     g = build_graph(tf, config, ps, tf.train.ClusterSpec(cluster.as_dict()), task, len(cluster.worker),
-                    dataset.train_images.shape[1:])
+                    dataset.image_shape)
     mode = BetweenGraph(tf, config, ps, cluster, task, dataset, server, g, device)
     summary = loop.Training(config, dataset, mode).run()
     # (MonitoredSession's exit swallows an OutOfRangeError: the loop has named the task that went first)
@@ -185,14 +187,14 @@ class BetweenGraph(GraphMode):
                                                             ["/job:ps", f"/job:worker/task:{task}"]))
         self.agree = PSAgreement(tf, self.sessions, g, task, cluster, ps)
         self.store = GraphStore(tf, config.loop.keep_checkpoints, self.sessions.in_session)
-        self.steps_per_epoch = steps_per_epoch(len(dataset.train_labels), num_workers, b)
+        self.steps_per_epoch = updates_per_epoch(dataset, num_workers, b, config.data.accumulate)
         self.topology = Topology(
             names=lambda w: f"worker {w} at {cluster.worker[w]}", advice=RESUME,
             waits_for_all=ps.sync and losses.waits_for_every_worker(ps, num_workers),
             servers=tuple((f"ps task {i}", a) for i, a in enumerate(cluster.ps)) +
             (() if self.is_chief else (("the chief (worker 0)", cluster.worker[0]),)))
-        self.until_updates, self.samples_per_update = ps.sync, self.k * b
-        self.feeds, self.test_feeds, self.test_metrics = [(task, g.feeds)], g.feeds, g.test_metrics
+        self.until_updates, self.samples_per_update = ps.sync, self.k * config.data.per_update
+        self.feeds, self.test_feeds, self.test_metrics = [(task, g.feeds)], g.test_feeds, g.test_metrics
         self.model_variables, self.evaluate = g.model_variables, None if g.simulated else self.evaluate_batch
         # (the sync chief's queue runner waits in its take of gradients until the session
         # closes: a grace period for it to stop first is spent waiting for nothing)
@@ -234,7 +236,9 @@ class BetweenGraph(GraphMode):
         _, loss_sum, count, finite, read_step, global_step, self.my_steps = self.sessions.monitored.run(
             [g.train_op, g.loss_sum, g.count, g.finite, g.read_step, g.applied_step, g.count_my_step], feed)
         self.staleness.add(read_step, global_step)
-        return StepResult(loss_sum, count, bool(finite), update=int(global_step))
+        # (float16: gradients that overflowed at the loss scale, from a finite loss, are not divergence)
+        overflow = self.config.model.loss_scaled and not finite and math.isfinite(loss_sum)
+        return StepResult(loss_sum, count, bool(finite), update=int(global_step), overflow=overflow)
 
     def report(self):
         return {"staleness": self.staleness.as_list(), "staleness_histogram": self.staleness.histogram}
@@ -250,7 +254,7 @@ class BetweenGraph(GraphMode):
             api="v1", placement=ps.placement, ps_bytes=g.ps_bytes, gradient_bytes=sum(g.ps_bytes),
             replicas_to_aggregate=k if ps.sync else None, updates_per_sec=updates_per_sec,
             # what the updates applied: K batches each (sync), one (async); dropped gradients excluded
-            applied_images_per_sec=updates_per_sec * k * self.config.data.batch_size if updates_per_sec else None,
+            applied_images_per_sec=updates_per_sec * k * self.config.data.per_update if updates_per_sec else None,
             skipped_updates=int(sessions.run(g.skipped)),
             **(gradient_counts(sessions, g, k, global_step) if ps.sync else {}),
             **(reports.staleness_fields(worker_reports) if not ps.sync else {}))

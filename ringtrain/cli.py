@@ -6,7 +6,7 @@ from ringtrain.multihost.slurm_step import DEFAULT_PORT_BASE
 from ringtrain import modes
 from ringtrain.common import parsing
 from ringtrain.workloads import config, flags
-from ringtrain.common.errors import UsageError, run_cli
+from ringtrain.common.errors import UsageError, launched_size, run_cli
 from ringtrain.workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
 
 COMMUNICATIONS = ("RING", "AUTO", "NCCL")  # tf.distribute.experimental.CommunicationImplementation
@@ -17,7 +17,9 @@ EXAMPLES = """examples:
   horovodrun --gloo -np 2 ringtrain --model mnist_cnn --epochs 5
   mpirun -np 2 ringtrain --model mnist_mlp --epochs 2
   mpirun --hostfile mpi_hostfiles/localhost ringtrain --model mnist_cnn
-  ringtrain --model cifar_resnet --data-dir ~/data/cifar10 --epochs 30 --checkpoint-dir ckpt
+  ringtrain --model cifar_resnet --data-dir ~/data/cifar10 --data cifar10 --epochs 30 --checkpoint-dir ckpt
+  mpirun -np 2 ringtrain --model keras:ResNet50 --image-shape 224x224x3 --data '/data/imagenet/train-*'
+  mpirun -np 2 ringtrain --model my_model:small_cnn --data ~/photos/train --precision mixed_bfloat16
   horovodrun -np 4 ringtrain --checkpoint-dir ckpt --resume     # continue on any N
   mpirun -np 2 ringtrain --backend tf-collective                 # TF's own collective all-reduce
   ringtrain doctor                                               # check the install
@@ -123,7 +125,7 @@ def _main(argv):
     validate(args)
     # Data and flags are checked before TensorFlow loads: bad input fails in
     # well under a second, on every rank alike, so no rank waits on another.
-    dataset = flags.load_training_data(args)
+    dataset = flags.load_training_data(args, workers=launched_size() or 1)
     return modes.chosen("ringtrain", args).load()(config.from_args(args), args, dataset)
 
 

@@ -103,7 +103,10 @@ def train(config, collective, cluster, dataset):
             **layer, synchronized=True))
         optimizer = config.optimizer.keras()
         optimizer.build(model.trainable_variables)
-    mode = CollectiveMode(tf, strategy, cluster, config, collective, dataset, model, optimizer, device)
+    # (float16's loss scale outside the strategy's scope: each worker's own, moved alike by the agreed updates)
+    from ringtrain.workloads.gradients import LossScale
+    loss_scale = LossScale(tf) if config.model.loss_scaled else None
+    mode = CollectiveMode(tf, strategy, cluster, config, collective, dataset, model, optimizer, device, loss_scale)
     loop.Training(config, dataset, mode).run()
     return 0
 
@@ -111,13 +114,15 @@ def train(config, collective, cluster, dataset):
 class CollectiveMode(SynchronousMode):
     """A worker of TF's collective mode, as the shared loop runs it."""
 
-    def __init__(self, tf, strategy, cluster, config, collective, dataset, model, optimizer, device):
+    def __init__(self, tf, strategy, cluster, config, collective, dataset, model, optimizer, device, loss_scale=None):
         rank, workers = cluster
         self.tf, self.communication = tf, collective.communication
         agree = CollectiveAgreement(tf, strategy, rank, max(len(workers), 1))
-        train_step = make_train_step(tf, strategy, model, optimizer, config.model.statistics_to_average(model))
+        train_step = make_train_step(tf, strategy, model, optimizer, config.model.statistics_to_average(model),
+                                     loss_scale)
         super().__init__(config, dataset, model, optimizer, agree, train_step,
-                         dict(name="tf-collective", prog="ringtrain", device=device), schedule=collective)
+                         dict(name="tf-collective", prog="ringtrain", device=device), schedule=collective,
+                         loss_scale=loss_scale)
         self.topology = Topology(names=lambda r: f"worker {r} ({agree.hosts()[r]})",
                                  servers=tuple((f"worker {r}", a) for r, a in enumerate(workers) if r != rank))
 
@@ -133,29 +138,30 @@ def connect(tf, communication="RING"):
         communication_options=tf.distribute.experimental.CommunicationOptions(implementation=communication))
 
 
-def make_train_step(tf, strategy, model, optimizer, statistics=()):
-    from ringtrain.workloads import models
-    from ringtrain.workloads.gradients import apply_if_finite
+def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=None):
+    from ringtrain.workloads.gradients import accumulated, apply_if_finite, overflowed
     from ringtrain.workloads.tfenv import step_function
 
+    def average_statistics():
+        # TF: batch norm's moving statistics, which the forward pass moved towards this worker's
+        # batch, averaged over the workers (one packed all-reduce): every worker holds one model.
+        means = tf.distribute.get_replica_context().all_reduce("MEAN", [tf.identity(v) for v in statistics])
+        for variable, mean in zip(statistics, means):
+            variable.assign(mean)
+
     def replica_step(images, labels, weights, global_count):
-        with tf.GradientTape() as tape:
-            loss_sum = models.weighted_loss_sum(model, images, labels, weights)
-            # TF: divided by the global batch's samples, the SUM of the workers'
-            # gradients is exactly the global batch's gradient.
-            loss = loss_sum / global_count
-        if statistics:
-            # TF: batch norm's moving statistics, which the forward pass moved towards this worker's
-            # batch, averaged over the workers (one packed all-reduce): every worker holds one model.
-            means = tf.distribute.get_replica_context().all_reduce("MEAN", [tf.identity(v) for v in statistics])
-            for variable, mean in zip(statistics, means):
-                variable.assign(mean)
-        grads = tape.gradient(loss, model.trainable_variables)
+        # TF: divided by the global batch's samples, the SUM of the workers'
+        # gradients is exactly the global batch's gradient (K micro-batches summed first).
+        loss_sum, samples, grads = accumulated(tf, model, (images, labels, weights, global_count), global_count,
+                                               loss_scale, after_forward=average_statistics if statistics else None)
         # TF: the optimizer all-reduces the gradients (SUM, every gradient packed into one
         # collective) and applies the sum on every worker alike; the workers first agree
         # whether it is finite, so that all of them apply it, or skip it, together.
         applied = apply_if_finite(optimizer, grads, model.trainable_variables, agree=True)
-        return loss_sum, tf.reduce_sum(weights), applied
+        with tf.control_dependencies([applied]):
+            rescaled = loss_scale.update(applied) if loss_scale else tf.no_op()
+        with tf.control_dependencies([rescaled]):
+            return loss_sum, samples, tf.identity(applied), overflowed(tf, applied, loss_sum, loss_scale)
 
     @step_function
     def train_step(images, labels, weights, global_count):

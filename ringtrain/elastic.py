@@ -24,20 +24,21 @@ def main(config, args, dataset):
 
 
 def train(config, horovod, dataset):
-    hvd, model, optimizer, device = start_horovod(config, horovod)
+    hvd, model, optimizer, device, loss_scale = start_horovod(config, horovod)
     # No collective before the elastic loop: a rank that joins later would meet the
     # others' state sync with it. Rank 0's --resume position and weights reach the
     # others in that sync instead.
-    first = RingMode(hvd, config, horovod, dataset, model, optimizer, device)
+    first = RingMode(hvd, config, horovod, dataset, model, optimizer, device, loss_scale)
     start = loop.Training(config, dataset, first).restore() or Progress()
-    state = ring_state(hvd, list(model.variables) + list(optimizer.variables), step=start.step,
+    extra = list(loss_scale.variables().values()) if loss_scale else []
+    state = ring_state(hvd, list(model.variables) + list(optimizer.variables) + extra, step=start.step,
                        epoch=start.epoch, samples_in_epoch=start.samples_in_epoch, world_sizes=[hvd.size()])
     state.register_reset_callbacks([lambda: state.world_sizes.append(hvd.size())])
     said = []
 
     def on_this_world(state):
         # Horovod: everything that depends on the rank count is rebuilt for this world.
-        mode = ElasticRing(state, hvd, config, horovod, dataset, model, optimizer, device)
+        mode = ElasticRing(state, hvd, config, horovod, dataset, model, optimizer, device, loss_scale)
         run = loop.Training(config, dataset, mode, restore=False)
         warn_if_one_host(hvd, run.console, said)  # (every rank, every entry: it is a collective)
         run.console.line(f"elastic: {hvd.size()} rank(s) from step {state.step} (epoch {state.epoch + 1}); "

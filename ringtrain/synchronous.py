@@ -9,26 +9,29 @@ from ringtrain.workloads.checkpoints import ObjectStore, Progress
 from ringtrain.workloads.evaluation import metrics_of
 from ringtrain.workloads.mode import Identity, Mode, StepResult
 from ringtrain.workloads.schedule import learning_rate_schedule
-from ringtrain.workloads.sharding import steps_per_epoch
+from ringtrain.workloads.sharding import updates_per_epoch
 
 
 class SynchronousMode(Mode):
     """A worker of synchronous data parallelism. `agree` must also
     broadcast_variables(variables) from worker 0; `train_step(images, labels,
-    weights, global_count)` returns (loss sum, samples, applied)."""
+    weights, global_count)` (an update's K micro-batches) returns (loss sum,
+    samples, applied, overflowed)."""
 
-    def __init__(self, config, dataset, model, optimizer, agree, train_step, identity, schedule):
+    def __init__(self, config, dataset, model, optimizer, agree, train_step, identity, schedule, loss_scale=None):
         """identity: workloads.mode.Identity fields (the name, prog, ...);
-        schedule: the mode's flags with lr_scaling and warmup_epochs."""
+        schedule: the mode's flags with lr_scaling and warmup_epochs;
+        loss_scale: float16's (workloads.gradients.LossScale), checkpointed with the model."""
         self.config, self.dataset, self.model, self.optimizer = config, dataset, model, optimizer
         self.agree, self.train_step = agree, train_step
-        rank, size, b = agree.rank, agree.size, config.data.batch_size
+        rank, size, b, k = agree.rank, agree.size, config.data.batch_size, config.data.accumulate
         self.identity = Identity(workers=size, local_workers=(rank,), speaks=rank == 0, **identity)
-        self.store = ObjectStore(config.loop.keep_checkpoints, model=model, optimizer=optimizer)
-        self.steps_per_epoch = steps_per_epoch(len(dataset.train_labels), size, b)
+        self.store = ObjectStore(config.loop.keep_checkpoints, model=model, optimizer=optimizer,
+                                 **(loss_scale.variables() if loss_scale else {}))
+        self.steps_per_epoch = updates_per_epoch(dataset, size, b, k)
         self.describe = f"{size} {self.identity.worker_word}(s) x batch {b}"
-        # the lr grows with the worker count, after a warm-up (Goyal et al., 2017)
-        self.lr_at = learning_rate_schedule(config.optimizer.lr, size, self.steps_per_epoch,
+        # the lr grows with the global batch (N workers x K micro-batches), after a warm-up (Goyal et al., 2017)
+        self.lr_at = learning_rate_schedule(config.optimizer.lr, size * k, self.steps_per_epoch,
                                             scale=schedule.lr_scaling, warmup_epochs=schedule.warmup_epochs)
         self.evaluate = metrics_of(model)
 
@@ -42,13 +45,13 @@ class SynchronousMode(Mode):
         from ringtrain.workloads import pipeline
         # each worker reads its own disjoint shard of every epoch
         c = self.config.data
-        return pipeline.batches_from(self.dataset, self.agree.rank, self.agree.size, c.batch_size, c.seed,
-                                     start.epoch, start.batches_done(self.agree.size, c.batch_size), c.threads)
+        return pipeline.batches_from(self.dataset, self.agree.rank, self.agree.size, c, start.epoch,
+                                     start.batches_done(self.agree.size, c.per_update))
 
     def step(self, number, batch, straggler):
         self.optimizer.learning_rate.assign(self.lr_at(number - 1))
-        loss_sum, samples, applied = self.train_step(*batch)
-        return StepResult(loss_sum, samples, bool(applied), job_samples=float(batch[3]))
+        loss_sum, samples, applied, overflow = self.train_step(*batch)
+        return StepResult(loss_sum, samples, bool(applied), job_samples=float(batch[3]), overflow=bool(overflow))
 
     def learning_rate(self, number):
         return self.lr_at(number - 1)

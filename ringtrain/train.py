@@ -70,16 +70,19 @@ def horovod_config(args):
 
 def train(config, horovod, dataset):
     """config: the shared workloads.config.RunConfig; horovod: ringtrain.cli.HorovodConfig."""
-    hvd, model, optimizer, device = start_horovod(config, horovod)
-    loop.Training(config, dataset, RingMode(hvd, config, horovod, dataset, model, optimizer, device)).run()
+    hvd, model, optimizer, device, loss_scale = start_horovod(config, horovod)
+    mode = RingMode(hvd, config, horovod, dataset, model, optimizer, device, loss_scale)
+    loop.Training(config, dataset, mode).run()
     return 0
 
 
 def start_horovod(config, horovod):
-    """Horovod initialised, this rank pinned, the model and its optimizer built."""
+    """Horovod initialised, this rank pinned, the model, its optimizer and
+    float16's loss scale (or None) built."""
     knobs.apply_before_init(horovod)  # MPI yield, fusion buffer, cycle time, timeline: read by hvd.init
     import horovod.tensorflow as hvd
     from ringtrain.workloads.devices import pin_gpu
+    from ringtrain.workloads.gradients import LossScale
     from ringtrain.workloads.tfenv import set_threads
 
     # Horovod: initialise; rank, size and local rank come from whoever launched us.
@@ -93,18 +96,21 @@ def start_horovod(config, horovod):
     model = config.model.build(synchronized_batch_norm=hvd.SyncBatchNormalization.from_config)
     optimizer = config.optimizer.keras()
     optimizer.build(model.trainable_variables)
-    return hvd, model, optimizer, device
+    import tensorflow as tf
+    return hvd, model, optimizer, device, LossScale(tf) if config.model.loss_scaled else None
 
 
 class RingMode(SynchronousMode):
     """A rank of ring mode, as the shared loop runs it."""
 
-    def __init__(self, hvd, config, horovod, dataset, model, optimizer, device):
+    def __init__(self, hvd, config, horovod, dataset, model, optimizer, device, loss_scale=None):
         self.hvd, self.horovod = hvd, horovod
         agree = HorovodAgreement(hvd)
-        train_step = make_train_step(hvd, horovod, model, optimizer, config.model.statistics_to_average(model))
+        train_step = make_train_step(hvd, horovod, model, optimizer, config.model.statistics_to_average(model),
+                                     loss_scale)
         super().__init__(config, dataset, model, optimizer, agree, train_step,
-                         dict(name="ring", prog="ringtrain", worker_word="rank", device=device), schedule=horovod)
+                         dict(name="ring", prog="ringtrain", worker_word="rank", device=device), schedule=horovod,
+                         loss_scale=loss_scale)
         self.topology = Topology(names=lambda r: f"rank {r} ({agree.hosts()[r]})")
         self.identical_updates = not horovod.no_allreduce  # (without the allreduce, each rank its own)
 
@@ -115,41 +121,53 @@ class RingMode(SynchronousMode):
                     horovod_loop=horovod_loop_in_effect())
 
 
-def make_train_step(hvd, horovod, model, optimizer, statistics=()):
+def make_train_step(hvd, horovod, model, optimizer, statistics=(), loss_scale=None):
     import numpy as np
     import tensorflow as tf
-    from ringtrain.workloads import models
-    from ringtrain.workloads.gradients import apply_if_finite
+    from ringtrain.workloads.gradients import accumulated, apply_if_finite, overflowed
     from ringtrain.workloads.tfenv import step_function
     # Horovod: fp16 compression and Adasum are options; Average is the default.
     compression = hvd.Compression.fp16 if horovod.fp16_allreduce else hvd.Compression.none
     reduce_op = hvd.Adasum if horovod.adasum else hvd.Average
 
+    def average_statistics():
+        # Horovod: batch norm's moving statistics, which the forward pass moved towards this
+        # rank's batch, averaged over the ranks while backprop runs: every rank holds one model.
+        # (One flat tensor: a grouped allreduce of ResNet-50's 106 cost 7-10 % of its step.)
+        flat = hvd.allreduce(tf.concat([tf.reshape(v, [-1]) for v in statistics], 0), op=hvd.Average,
+                             name="moving_statistics")
+        for variable, mean in zip(statistics, tf.split(flat, [int(np.prod(v.shape)) for v in statistics])):
+            variable.assign(tf.reshape(mean, variable.shape))
+
+    # Horovod: each gradient's allreduce starts as soon as backprop produces it; with
+    # --accumulate K, as Horovod's backward_passes_per_step, the K passes' sum is all-reduced once.
+    exchange = (lambda tape: hvd.DistributedGradientTape(tape, compression=compression, op=reduce_op),
+                lambda grads: grouped_allreduce(hvd, grads, reduce_op, compression))
+
     @step_function
     def train_step(images, labels, weights, global_count):
-        with tf.GradientTape() as tape:
-            loss_sum = models.weighted_loss_sum(model, images, labels, weights)
-            # Horovod: divide by the global batch's mean per-rank share, not the local
-            # count, so that averaging over ranks gives exactly the global batch's gradient.
-            loss = loss_sum / (global_count / hvd.size())
-        if statistics and not horovod.no_allreduce:
-            # Horovod: batch norm's moving statistics, which the forward pass moved towards this
-            # rank's batch, averaged over the ranks while backprop runs: every rank holds one model.
-            # (One flat tensor: a grouped allreduce of ResNet-50's 106 cost 7-10 % of its step.)
-            flat = hvd.allreduce(tf.concat([tf.reshape(v, [-1]) for v in statistics], 0), op=hvd.Average,
-                                 name="moving_statistics")
-            for variable, mean in zip(statistics, tf.split(flat, [int(np.prod(v.shape)) for v in statistics])):
-                variable.assign(tf.reshape(mean, variable.shape))
-        if not horovod.no_allreduce:
-            # Horovod: each gradient's allreduce starts as soon as backprop produces it.
-            tape = hvd.DistributedGradientTape(tape, compression=compression, op=reduce_op)
-        grads = tape.gradient(loss, model.trainable_variables)
+        # Horovod: divide by the global batch's mean per-rank share, not the local
+        # count, so that averaging over ranks gives exactly the global batch's gradient.
+        loss_sum, samples, grads = accumulated(
+            tf, model, (images, labels, weights, global_count), global_count / hvd.size(), loss_scale,
+            exchange=None if horovod.no_allreduce else exchange,
+            after_forward=average_statistics if statistics and not horovod.no_allreduce else None)
         # Horovod: after the allreduce every rank holds the same gradients, so every rank
         # applies them, or skips a non-finite update, alike.
         applied = apply_if_finite(optimizer, grads, model.trainable_variables)
-        return loss_sum, tf.reduce_sum(weights), applied
+        with tf.control_dependencies([applied]):
+            rescaled = loss_scale.update(applied) if loss_scale else tf.no_op()
+        with tf.control_dependencies([rescaled]):
+            return loss_sum, samples, tf.identity(applied), overflowed(tf, applied, loss_sum, loss_scale)
 
     return train_step
+
+
+def grouped_allreduce(hvd, grads, op, compression):
+    """Horovod's one grouped allreduce of the gradients that exist (None: a variable the loss does not use)."""
+    present = [g for g in grads if g is not None]
+    reduced = iter(hvd.grouped_allreduce(present, op=op, compression=compression))
+    return [None if g is None else next(reduced) for g in grads]
 
 
 class HorovodAgreement(Agreement):

@@ -221,7 +221,7 @@ SLOW = pytest.mark.slow
      "cifar_resnet is one of the catalog's own models"),
     pytest.param(["ps-baseline", "towers", "--model", "my_model:small_cnn", "--sync-batch-norm"], "drop it",
                  marks=SLOW),
-    (["ringtrain", "--model", "mnist_mlp", "--image-shape", "32x32x3"], "--image-shape is for --dataset synthetic"),
+    (["ringtrain", "--model", "mnist_mlp", "--image-shape", "32x32x3"], "mnist_mlp takes 28x28x1 images"),
     (["ringtrain", "--model", "a b"], "unknown model 'a b'"),
     (["ps-baseline", "launch", "--model", "my_model:small_cnn"], "use --api tf2"),
     (["ps-baseline", "launch", "--api", "tf2", "--placement", "partitioned", "--model", "my_model:small_cnn"],

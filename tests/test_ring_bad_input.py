@@ -25,9 +25,9 @@ def test_missing_data_dir():
     assert_one_line_error(["ringtrain", "--data-dir", "/nonexistent/mnist"], "/nonexistent/mnist")
 
 
-def test_model_and_dataset_that_do_not_fit():
-    assert_one_line_error(["ringtrain", "--model", "cifar_resnet", "--dataset", "mnist"],
-                          "cifar_resnet takes")
+def test_data_that_names_nothing():
+    assert_one_line_error(["ringtrain", "--data", "/nonexistent/train-*"],
+                          "--data /nonexistent/train-* matches no file")
 
 
 def test_truncated_idx(tmp_path):

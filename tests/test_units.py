@@ -89,9 +89,9 @@ def test_staleness_counts_other_updates_between_read_and_apply():
 
 def test_every_mode_builds_the_same_summary_with_its_own_fields_added():
     from ringtrain.workloads.config import ModelConfig, RunConfig
-    config = RunConfig(ModelConfig("mnist_mlp"), None, None, None, flags={"dataset": "mnist", "lr": 0.1,
+    config = RunConfig(ModelConfig("mnist_mlp"), None, None, None, flags={"data": "mnist", "lr": 0.1,
                                                                             "model": "mnist_mlp"})
-    dataset = argparse.Namespace(source="embedded")
+    dataset = argparse.Namespace(where="embedded")
     report = {"samples": 640.0, "seconds": 2.0, "windows": [320.0], "step_time_sec": 0.1,
               "window_spans_unix": [[0.0, 2.0, 640.0]]}
     summary = build_summary("ps-sync", config, dataset, world_size=2, steps=20, epochs=0.5, train_loss=0.3,
@@ -99,7 +99,7 @@ def test_every_mode_builds_the_same_summary_with_its_own_fields_added():
                             num_ps=1)
     assert summary["test_accuracy"] == 0.9 and summary["test_loss"] == 0.3
     assert summary["images_per_sec"] == 640.0  # 1280 samples over the slowest worker's 2 s
-    assert summary["num_ps"] == 1 and summary["config"] == {"dataset": "mnist", "lr": 0.1, "model": "mnist_mlp"}
+    assert summary["num_ps"] == 1 and summary["config"] == {"data": "mnist", "lr": 0.1, "model": "mnist_mlp"}
 
 
 def test_console_ends_with_a_human_summary_then_the_json_line():

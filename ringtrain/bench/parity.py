@@ -41,7 +41,7 @@ def commands(cfg, summary_path):
               "--warmup-steps", str(cfg["warmup_steps"]), "--lr", f"{cfg['lr']:g}", "--threads", str(cfg["threads"])]
     plain = [sys.executable, PLAIN_SCRIPT, "--model", app, "--image-shape", f"{height}x{width}x{channels}",
              *shared]
-    ours = [launch.tool("ringtrain"), "--model", cfg["model"], "--dataset", "synthetic",
+    ours = [launch.tool("ringtrain"), "--model", cfg["model"], "--data", "synthetic",
             "--image-shape", f"{height}x{width}x{channels}", "--optimizer", "sgd", "--no-lr-scaling",
             "--warmup-epochs", "0", "--log-every", str(cfg["steps"]), "--summary-json", summary_path, *shared]
     return {"plain": (launch.mpirun(cfg["np"], plain, usable_cores(), env_names=sorted(RINGTRAINS_MPI)),

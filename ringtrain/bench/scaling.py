@@ -49,7 +49,7 @@ def simulated_ms(cfg, site):
 
 
 def training_flags(cfg, batch, site):
-    flags = ["--model", cfg["model"], "--dataset", cfg["data"], "--batch-size", str(batch),
+    flags = ["--model", cfg["model"], "--data", cfg["data"], "--batch-size", str(batch),
              "--steps", str(cfg["steps"]), "--threads", str(cfg["threads"]),
              "--warmup-steps", str(cfg.get("warmup_steps", 3)), "--optimizer", cfg.get("optimizer", "adam"),
              "--log-every", str(max(1, cfg["steps"] // 4))]

@@ -74,6 +74,19 @@ def launched_rank():
     return None
 
 
+def launched_size():
+    """How many ranks mpirun or horovodrun started (TF_CONFIG's workers), else None."""
+    import json
+    import os
+    for name in ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    try:
+        return len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
 def _let_rank_0_speak(seconds=2.0):
     """A quiet rank's exit makes the launcher end the others: wait a moment,
     so that rank 0, which says the same thing, is not ended before it has."""

@@ -34,9 +34,10 @@ MODEL_SPECS = {
     "resnet101": ModelSpec((28, 28, 1), "synthetic",
                            simulated_step_ms=64e3 / 219 + (7.6 - 3.8) / (11.3 - 3.8) * (64e3 / 91 - 64e3 / 219)),
 }
-# keras:NAME and factories: synthetic images of --image-shape, 32x32x3 unless given
-# (the smallest input keras.applications' ResNets and VGGs take).
-USER_MODEL = ModelSpec(None, "synthetic")
+# keras:NAME and factories: the embedded MNIST unless --data says otherwise, resized to
+# --image-shape, 32x32x3 unless given (the smallest input keras.applications' ResNets and VGGs take).
+USER_MODEL = ModelSpec(None, "mnist")
+NUM_CLASSES = 10  # the catalog's models' classes
 USER_IMAGE_SHAPE = (32, 32, 3)
 
 
@@ -68,13 +69,6 @@ def check_model(name):
 def image_shape(name, given=None):
     """The input shape a run uses: --image-shape, else the model's own."""
     return tuple(given) if given else (model_spec(name).image_shape or USER_IMAGE_SHAPE)
-
-
-def check_compatible(model_name, dataset):
-    shape = model_spec(model_name).image_shape
-    if shape is not None and tuple(dataset.train_images.shape[1:]) != shape:
-        raise UsageError(f"model {model_name} takes {shape} images but dataset {dataset.name} "
-                         f"has {tuple(dataset.train_images.shape[1:])}: pick a matching pair")
 
 
 def read_profile(path, flag="--model"):

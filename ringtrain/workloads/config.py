@@ -12,6 +12,13 @@ class ModelConfig:
     simulate_gpu_ms: float = None  # the simulated accelerator's step time, if any
     image_shape: tuple = None      # the dataset's: models from outside the catalog are built for it
     sync_batch_norm: bool = False  # batch statistics over the global batch (ring and TF collective modes)
+    num_classes: int = 10          # the data's: models from outside the catalog are built for them
+    precision: str = "float32"     # or mixed_float16, mixed_bfloat16: the compute's dtype, weights in float32
+
+    @property
+    def loss_scaled(self):
+        """float16 needs its loss scaled (gradients would underflow); bfloat16 has float32's range."""
+        return self.precision == "mixed_float16"
 
     def build(self, make_variable=None, synchronized_batch_norm=None):
         """The model with seeded initial weights (imports TensorFlow).
@@ -20,7 +27,8 @@ class ModelConfig:
         from ringtrain.workloads import models, user_models
         options = {"make_variable": make_variable} if make_variable else {}
         model = models.build(self.name, seed=self.seed, dropout=self.dropout, simulate_gpu_ms=self.simulate_gpu_ms,
-                             image_shape=self.image_shape, **options)
+                             image_shape=self.image_shape, num_classes=self.num_classes, precision=self.precision,
+                             **options)
         if self.sync_batch_norm and not models.is_simulated(model):
             assert synchronized_batch_norm, "this mode refuses --sync-batch-norm before it builds"
             model = user_models.with_synchronized_batch_norm(model, synchronized_batch_norm)
@@ -40,6 +48,12 @@ class DataConfig:
     batch_size: int = 32  # per worker
     seed: int = 0         # shuffling
     threads: int = 0      # tf.data's pool (0: TF's default)
+    accumulate: int = 1   # micro-batches of batch_size per update
+
+    @property
+    def per_update(self):
+        """Samples one worker steps on per update: its K micro-batches of b."""
+        return self.batch_size * self.accumulate
 
 
 @dataclass(frozen=True)
@@ -91,8 +105,8 @@ def from_args(args):
     get = lambda name, default=None: getattr(args, name, default)
     return RunConfig(
         model=ModelConfig(args.model, args.seed, not args.no_dropout, args.simulate_gpu, args.image_shape,
-                          args.sync_batch_norm),
-        data=DataConfig(args.batch_size, args.seed, args.threads),
+                          args.sync_batch_norm, args.num_classes, args.precision),
+        data=DataConfig(args.batch_size, args.seed, args.threads, args.accumulate),
         optimizer=OptimizerConfig(args.optimizer, args.lr),
         loop=LoopConfig(
             epochs=args.epochs, steps=args.steps, warmup_steps=args.warmup_steps, log_every=args.log_every,

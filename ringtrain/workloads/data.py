@@ -19,6 +19,7 @@ import numpy as np
 from ringtrain.common.errors import UsageError
 
 DATASETS = ("mnist", "cifar10", "synthetic")
+NUM_CLASSES = 10
 EMBEDDED_TEST_FRACTION = 0.2
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 8192, 1024
 
@@ -34,7 +35,9 @@ class Dataset:
 
 
 def load(name, data_dir=None, image_shape=(28, 28, 1), seed=0):
-    """Load a dataset by name; raise UsageError naming the bad input."""
+    """Load a dataset by name; raise UsageError naming the bad input. (Each
+    is read at the model's input shape by workloads/pipeline.py; synthetic
+    images are made at `image_shape`.)"""
     if name == "mnist":
         return _load_mnist(data_dir)
     if name == "cifar10":

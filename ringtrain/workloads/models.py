@@ -31,11 +31,17 @@ class Model(tf.Module):
     """Base: seeded initialisers and the variable factory."""
     catalog_name = None  # key into workloads.catalog.MODEL_SPECS
 
-    def __init__(self, seed=0, make_variable=default_variable):
+    def __init__(self, seed=0, make_variable=default_variable, compute_dtype=tf.float32):
         super().__init__(name=type(self).__name__)
         self.image_shape = MODEL_SPECS[self.catalog_name].image_shape
         self._rng = np.random.default_rng(seed)
         self._make_variable = make_variable
+        # --precision mixed_*: the weights stay float32, the compute casts them (as a Keras mixed policy does)
+        self.compute_dtype = compute_dtype
+
+    def _c(self, value):
+        """A weight or an input in the compute's dtype (nothing to do in float32)."""
+        return tf.cast(value, self.compute_dtype)
 
     def _var(self, name, value, trainable=True):
         return self._make_variable(name, value.astype(np.float32), trainable)
@@ -60,15 +66,15 @@ class MnistMLP(Model):
     """784-500-500-10, the classic distributed-TensorFlow tutorials' model."""
     catalog_name = "mnist_mlp"
 
-    def __init__(self, seed=0, make_variable=default_variable):
-        super().__init__(seed, make_variable)
+    def __init__(self, seed=0, make_variable=default_variable, compute_dtype=tf.float32):
+        super().__init__(seed, make_variable, compute_dtype)
         self.layers = [self._dense("dense_1", 784, 500), self._dense("dense_2", 500, 500),
                        self._dense("logits", 500, NUM_CLASSES)]
 
     def __call__(self, images, training=False):
-        x = tf.reshape(images, [-1, 784])
+        x = tf.reshape(self._c(images), [-1, 784])
         for i, (kernel, bias) in enumerate(self.layers):
-            x = tf.matmul(x, kernel) + bias
+            x = tf.matmul(x, self._c(kernel)) + self._c(bias)
             if i < len(self.layers) - 1:
                 x = tf.nn.relu(x)
         return x
@@ -79,8 +85,8 @@ class MnistCNN(Model):
     conv32-conv64-maxpool-dropout(0.25)-dense128-dropout(0.5)-dense10."""
     catalog_name = "mnist_cnn"
 
-    def __init__(self, seed=0, make_variable=default_variable, dropout=True):
-        super().__init__(seed, make_variable)
+    def __init__(self, seed=0, make_variable=default_variable, dropout=True, compute_dtype=tf.float32):
+        super().__init__(seed, make_variable, compute_dtype)
         self.conv1 = self._conv("conv_1", 3, 1, 32)
         self.conv2 = self._conv("conv_2", 3, 32, 64)
         self.dense = self._dense("dense_1", 12 * 12 * 64, 128)
@@ -89,16 +95,17 @@ class MnistCNN(Model):
 
     def __call__(self, images, training=False):
         drop = training and self.dropout
-        x = tf.nn.relu(tf.nn.conv2d(images, self.conv1[0], 1, "VALID") + self.conv1[1])
-        x = tf.nn.relu(tf.nn.conv2d(x, self.conv2[0], 1, "VALID") + self.conv2[1])
+        c = self._c
+        x = tf.nn.relu(tf.nn.conv2d(c(images), c(self.conv1[0]), 1, "VALID") + c(self.conv1[1]))
+        x = tf.nn.relu(tf.nn.conv2d(x, c(self.conv2[0]), 1, "VALID") + c(self.conv2[1]))
         x = tf.nn.max_pool2d(x, 2, 2, "VALID")
         if drop:
             x = tf.nn.dropout(x, rate=0.25)
         x = tf.reshape(x, [-1, 12 * 12 * 64])
-        x = tf.nn.relu(tf.matmul(x, self.dense[0]) + self.dense[1])
+        x = tf.nn.relu(tf.matmul(x, c(self.dense[0])) + c(self.dense[1]))
         if drop:
             x = tf.nn.dropout(x, rate=0.5)
-        return tf.matmul(x, self.logits[0]) + self.logits[1]
+        return tf.matmul(x, c(self.logits[0])) + c(self.logits[1])
 
 
 class BatchNorm(tf.Module):
@@ -115,6 +122,7 @@ class BatchNorm(tf.Module):
                                           trainable=False)
 
     def __call__(self, x, training, updates):
+        dtype, x = x.dtype, tf.cast(x, tf.float32)  # (in float32 under mixed precision, as Keras' own)
         if training:
             mean, variance = tf.nn.moments(x, axes=[0, 1, 2])
             updates.append(self.moving_mean.assign(
@@ -123,7 +131,7 @@ class BatchNorm(tf.Module):
                 BN_MOMENTUM * self.moving_variance + (1 - BN_MOMENTUM) * variance))
         else:
             mean, variance = self.moving_mean, self.moving_variance
-        return tf.nn.batch_normalization(x, mean, variance, self.beta, self.gamma, BN_EPSILON)
+        return tf.cast(tf.nn.batch_normalization(x, mean, variance, self.beta, self.gamma, BN_EPSILON), dtype)
 
 
 class CifarResNet(Model):
@@ -131,8 +139,8 @@ class CifarResNet(Model):
     blocks with 16/32/64 filters; 1x1 projection shortcuts where shapes change."""
     catalog_name = "cifar_resnet"
 
-    def __init__(self, seed=0, make_variable=default_variable, blocks_per_stage=3):
-        super().__init__(seed, make_variable)
+    def __init__(self, seed=0, make_variable=default_variable, blocks_per_stage=3, compute_dtype=tf.float32):
+        super().__init__(seed, make_variable, compute_dtype)
         self.stem = self._conv("stem", 3, 3, 16, bias=False)
         self.stem_bn = BatchNorm(self, "stem_bn", 16)
         self.blocks = []
@@ -156,20 +164,20 @@ class CifarResNet(Model):
         return block
 
     def __call__(self, images, training=False):
-        updates = []
-        x = tf.nn.conv2d(images, self.stem[0], 1, "SAME")
+        updates, c = [], self._c
+        x = tf.nn.conv2d(c(images), c(self.stem[0]), 1, "SAME")
         x = tf.nn.relu(self.stem_bn(x, training, updates))
         for block in self.blocks:
-            y = tf.nn.conv2d(x, block["conv1"], block["stride"], "SAME")
+            y = tf.nn.conv2d(x, c(block["conv1"]), block["stride"], "SAME")
             y = tf.nn.relu(block["bn1"](y, training, updates))
-            y = tf.nn.conv2d(y, block["conv2"], 1, "SAME")
+            y = tf.nn.conv2d(y, c(block["conv2"]), 1, "SAME")
             y = block["bn2"](y, training, updates)
             if "shortcut" in block:
-                x = tf.nn.conv2d(x, block["shortcut"], block["stride"], "SAME")
+                x = tf.nn.conv2d(x, c(block["shortcut"]), block["stride"], "SAME")
                 x = block["shortcut_bn"](x, training, updates)
             x = tf.nn.relu(x + y)
         x = tf.reduce_mean(x, axis=[1, 2])
-        logits = tf.matmul(x, self.logits[0]) + self.logits[1]
+        logits = tf.matmul(x, c(self.logits[0])) + c(self.logits[1])
         # Graph mode only runs what the fetched output depends on.
         with tf.control_dependencies(updates):
             return tf.identity(logits)
@@ -179,20 +187,22 @@ MODELS = {cls.catalog_name: cls for cls in (MnistMLP, MnistCNN, CifarResNet)}
 
 
 def build(name, seed=0, make_variable=default_variable, dropout=True, simulate_gpu_ms=None,
-          image_shape=None, num_classes=NUM_CLASSES):
+          image_shape=None, num_classes=NUM_CLASSES, precision="float32"):
     """The model `name` with seeded initial weights; dropout=False makes
     training deterministic (only mnist_cnn has dropout). On the simulated
     accelerator (simulate_gpu_ms, or a gradient profile such as resnet50),
     the model's parameter shapes with waits for compute (workloads/simulated.py).
-    Models from outside the catalog take `image_shape` and `num_classes` (the dataset's)."""
+    Models from outside the catalog take `image_shape` and `num_classes` (the dataset's).
+    precision mixed_float16 or mixed_bfloat16: float32 weights, the compute in 16 bits."""
     model_spec(name)  # a UsageError for unknown names
     step_ms = simulated_step_ms(name, simulate_gpu_ms)
     if step_ms:
         return SimulatedModel(gradient_layers(name, seed, image_shape), step_ms / 1000.0, make_variable)
     if user_models.is_user_model(name):
-        return user_models.build(name, image_shape or USER_IMAGE_SHAPE, num_classes, seed)
+        return user_models.build(name, image_shape or USER_IMAGE_SHAPE, num_classes, seed, precision)
     options = {"dropout": dropout} if name == "mnist_cnn" else {}
-    return MODELS[name](seed=seed, make_variable=make_variable, **options)
+    compute = {"float32": tf.float32, "mixed_float16": tf.float16, "mixed_bfloat16": tf.bfloat16}[precision]
+    return MODELS[name](seed=seed, make_variable=make_variable, compute_dtype=compute, **options)
 
 
 def gradient_layers(name, seed=0, image_shape=None, num_classes=NUM_CLASSES):
@@ -249,7 +259,8 @@ def is_simulated(model):
 
 
 def per_example_loss(logits, labels):
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    # (in float32 under mixed precision too: the softmax of 16-bit logits loses too much)
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.cast(logits, tf.float32))
 
 
 def weighted_loss_sum(model, images, labels, weights):
@@ -261,6 +272,7 @@ def weighted_loss_sum(model, images, labels, weights):
 
 def correct_and_loss_sum(logits, labels):
     """One test batch's correct answers and summed loss (eager or graph mode)."""
+    logits = tf.cast(logits, tf.float32)
     correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels),
                                     tf.float32))
     return correct, tf.reduce_sum(per_example_loss(logits, labels))

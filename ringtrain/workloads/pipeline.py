@@ -1,14 +1,82 @@
-"""tf.data input pipelines over a Dataset and a rank's shard."""
-import tensorflow as tf
+"""tf.data input pipelines: what one worker reads of a source
+(workloads/sources.py), by the one rule of workloads/sharding.py, decoded in
+parallel and prefetched, never the whole data set in memory.
 
-from ringtrain.workloads.sharding import epoch_shard
+Every mode reads through here: the eager modes iterate the datasets
+(batches_from), the graph-mode PS iterates them as numpy in a graph of their
+own (numpy_iterator), and TF2 PS's workers build them in their dataset
+function (epoch_dataset). An element is one update: (images [K, b, H, W, C]
+float32 in [0, 1], labels [K, b], weights [K, b], the update's real samples
+over every worker), K micro-batches of b (--accumulate K)."""
+import numpy as np
+
+from ringtrain.workloads.sharding import epoch_plan, eval_shard
+
+EVAL_BATCH = 256
 
 
-def _to_float(images):
-    return tf.cast(images, tf.float32) / 255.0
+def to_model_input(tf, image, shape):
+    """A decoded image, or a batch of them (uint8, or floats in [0, 1]; HxWxC')
+    as the model takes it: float32 in [0, 1], `shape` HxWxC (resized where its
+    size differs, its channels converted)."""
+    h, w, c = shape
+    # (uint8 in 0..255; a factory's floats are in [0, 1] already)
+    image = tf.cast(image, tf.float32) / 255.0 if image.dtype == tf.uint8 else tf.cast(image, tf.float32)
+    have = image.shape[-1]
+    if have != c:
+        if have == 1 and c == 3:
+            image = tf.image.grayscale_to_rgb(image)
+        elif c == 1:
+            image = tf.image.rgb_to_grayscale(image[..., :3])
+        else:
+            image = image[..., :c]
+    if image.shape[-3] == h and image.shape[-2] == w:
+        return image
+    fits = tf.reduce_all(tf.equal(tf.shape(image)[-3:-1], [h, w]))
+    image = tf.cond(fits, lambda: image, lambda: tf.image.resize(image, [h, w]))
+    return tf.ensure_shape(image, [*image.shape[:-3], h, w, c])
 
 
-def _limit_threads(ds, threads):
+def samples(tf, split, records, shape):
+    """(image, label) of each record, decoded in parallel, in order."""
+    def sample(*item):
+        image, label = split.decode(tf, shape[-1], *item)
+        return to_model_input(tf, image, shape), tf.cast(label, tf.int32)
+    return records.map(sample, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def epoch_dataset(tf, source, plan, batch_size, accumulate):
+    """One worker's updates of one epoch, from a sharding.EpochPlan."""
+    split, shape = source.train, source.image_shape
+    if split.in_memory:  # (gathered and converted a micro-batch at a time)
+        ids = np.concatenate([plan.ids, np.zeros(plan.padding, plan.ids.dtype)])
+        weights = np.concatenate([np.ones(plan.real, np.float32), np.zeros(plan.padding, np.float32)])
+        micro = split.batches(tf, ids, weights, batch_size).map(
+            lambda images, labels, w: (to_model_input(tf, images, shape), labels, w))
+    else:
+        micro = _decoded(tf, source, plan).batch(batch_size, drop_remainder=True)
+    counts = tf.data.Dataset.from_tensor_slices(plan.update_counts.astype(np.float32))
+    # (every update has K whole micro-batches, padding included: shapes known when traced)
+    return tf.data.Dataset.zip((micro.batch(accumulate, drop_remainder=True), counts)).map(
+        lambda m, count: (*m, count)).prefetch(tf.data.AUTOTUNE)
+
+
+def _decoded(tf, source, plan):
+    """A worker's records of one epoch, each decoded, then its weight-0 padding."""
+    split, shape = source.train, source.image_shape
+    if split.random_access:
+        records = split.records(tf, plan.ids)
+    else:
+        records = split.stream(tf, plan.files)
+        if source.shuffle_buffer > 1:
+            records = records.shuffle(source.shuffle_buffer, seed=plan.shuffle_seed)
+        records = records.shard(plan.shard[1], plan.shard[0]).skip(plan.skip).take(plan.real)
+    real = samples(tf, split, records, shape).map(lambda image, label: (image, label, tf.constant(1.0)))
+    padding = tf.data.Dataset.from_tensors((tf.zeros(shape), tf.constant(0, tf.int32), tf.constant(0.0)))
+    return real.concatenate(padding.repeat(plan.padding))
+
+
+def limit_threads(tf, ds, threads):
     """tf.data has its own thread pool, outside TF's intra/inter-op settings:
     with --threads T, keep it to T threads too, or ranks sharing cores fight."""
     if not threads:
@@ -19,24 +87,62 @@ def _limit_threads(ds, threads):
     return ds.with_options(options)
 
 
-def train_batches(dataset, rank, size, batch_size, seed, epoch, skip_batches=0, threads=0):
-    """(images, labels, weights, global_count) batches of one epoch for one rank."""
-    shard = epoch_shard(len(dataset.train_labels), rank, size, batch_size, seed, epoch)
-    samples = tf.data.Dataset.from_tensor_slices((
-        dataset.train_images[shard.indices], dataset.train_labels[shard.indices], shard.weights))
-    batches = tf.data.Dataset.zip((samples.batch(batch_size),
-                                   tf.data.Dataset.from_tensor_slices(shard.global_counts)))
-    return _limit_threads(batches.skip(skip_batches)
-                          .map(lambda b, count: (_to_float(b[0]), b[1], b[2], count),
-                               num_parallel_calls=tf.data.AUTOTUNE)
-                          .prefetch(tf.data.AUTOTUNE), threads)
-
-
-def batches_from(dataset, rank, size, batch_size, seed, epoch, skip_batches=0, threads=0):
-    """Training batches from a position on, epoch after epoch, without end:
-    (epoch, batches of that epoch done after this one, batch)."""
+def plans_from(source, rank, size, data, epoch, skip_updates=0):
+    """Worker `rank`'s EpochPlans, from a position on, without end."""
     while True:
-        batches = train_batches(dataset, rank, size, batch_size, seed, epoch, skip_batches, threads)
-        for done, batch in enumerate(batches, start=skip_batches + 1):
+        yield epoch, skip_updates, epoch_plan(source, rank, size, data.batch_size, data.accumulate, data.seed,
+                                              epoch, skip_updates)
+        epoch, skip_updates = epoch + 1, 0
+
+
+def batches_from(source, rank, size, data, epoch, skip_updates=0):
+    """An eager worker's updates from a position on, epoch after epoch, without
+    end: (epoch, updates of that epoch done after this one, update)."""
+    import tensorflow as tf
+    for epoch, skip, plan in plans_from(source, rank, size, data, epoch, skip_updates):
+        dataset = limit_threads(tf, epoch_dataset(tf, source, plan, data.batch_size, data.accumulate), data.threads)
+        for done, batch in enumerate(dataset, start=skip + 1):
             yield epoch, done, batch
-        epoch, skip_batches = epoch + 1, 0
+
+
+def numpy_batches_from(source, rank, size, data, epoch, skip_updates=0):
+    """batches_from, as numpy, for a process in TF1's graph mode."""
+    for epoch, skip, plan in plans_from(source, rank, size, data, epoch, skip_updates):
+        build = lambda tf, plan=plan: limit_threads(tf, epoch_dataset(tf, source, plan, data.batch_size,
+                                                                      data.accumulate), data.threads)
+        for done, batch in enumerate(numpy_iterator(build, data.threads), start=skip + 1):
+            yield epoch, done, batch
+
+
+def numpy_iterator(build, threads=0):
+    """The elements of build(tf)'s dataset as numpy: eagerly where TF executes
+    eagerly, else in a graph and a session of its own (TF1's graph mode)."""
+    import tensorflow as tf
+    if tf.executing_eagerly():
+        yield from build(tf).as_numpy_iterator()
+        return
+    with tf.Graph().as_default() as graph:
+        iterator = tf.compat.v1.data.make_initializable_iterator(build(tf))
+        element, start = iterator.get_next(), [iterator.initializer, tf.compat.v1.tables_initializer()]
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
+    # (not the default session: the towers of in-graph replication iterate theirs by turns)
+    session = tf.compat.v1.Session(graph=graph, config=config)
+    try:
+        session.run(start)
+        while True:
+            try:
+                yield session.run(element)
+            except tf.errors.OutOfRangeError:
+                return
+    finally:
+        session.close()
+
+
+def eval_dataset(tf, source, rank, size, batch_size=EVAL_BATCH):
+    """This worker's disjoint share of the test split, in order: (images, labels) batches."""
+    split = source.test
+    if split.random_access:
+        records = split.records(tf, eval_shard(split.count, rank, size))
+    else:
+        records = split.stream(tf, tuple(split.files)).shard(size, rank)
+    return samples(tf, split, records, source.image_shape).batch(batch_size).prefetch(tf.data.AUTOTUNE)

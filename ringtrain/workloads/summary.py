@@ -156,8 +156,8 @@ def build_summary(mode, config, dataset, *, world_size, steps, epochs, train_los
     Mode-specific fields (controller, num_ps, staleness, placement...) come in
     as keywords."""
     return {
-        "mode": mode, "model": config.model.name, "dataset": config.flags.get("dataset"),
-        "data_source": dataset.source, "world_size": world_size, "steps": int(steps), "epochs": epochs,
+        "mode": mode, "model": config.model.name, "data": config.flags.get("data"),
+        "data_source": getattr(dataset, "where", None), "world_size": world_size, "steps": int(steps), "epochs": epochs,
         "train_loss": train_loss, "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
         "test_samples": int(evaluation.samples), "wall_time_sec": wall_seconds,
         **measured_throughput(reports), **mode_fields, "config": config.flags,

@@ -51,22 +51,30 @@ def factory(name):
                              f"(see keras.applications, e.g. ResNet50, MobileNetV2, VGG16)")
         return lambda input_shape, num_classes: build(
             weights=None, input_shape=tuple(input_shape), classes=num_classes, classifier_activation=None)
+    return function_named(name, "--model")
+
+
+def function_named(name, flag):
+    """The function `package.module:function` names (its module imported), or a one-line UsageError."""
     module_name, function_name = name.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise UsageError(f"--model {name}: cannot import {module_name} ({e}): put its folder on "
+        raise UsageError(f"{flag} {name}: cannot import {module_name} ({e}): put its folder on "
                          f"PYTHONPATH on every host") from None
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise UsageError(f"--model {name}: {module_name} has no function {function_name}")
+        raise UsageError(f"{flag} {name}: {module_name} has no function {function_name}")
     return function
 
 
-def build(name, image_shape, num_classes, seed=0):
-    """The model, with seeded weights, checked against the contract."""
+def build(name, image_shape, num_classes, seed=0, precision="float32"):
+    """The model, with seeded weights, checked against the contract. A mixed
+    precision is Keras' global policy while it is built: its layers compute
+    in 16 bits over float32 weights."""
     import keras
     keras.utils.set_random_seed(seed)
+    keras.mixed_precision.set_global_policy(precision)
     try:
         model = factory(name)(tuple(image_shape), num_classes)
     except UsageError:
@@ -81,6 +89,9 @@ def build(name, image_shape, num_classes, seed=0):
         model.build((None, *image_shape))
     if not model.trainable_variables:
         raise UsageError(f"--model {name} has no trainable variables: build its layers in the factory")
+    if precision != "float32" and not is_keras(model):
+        raise UsageError(f"--precision {precision} sets Keras' mixed policy, and --model {name} is a tf.Module, "
+                         "which computes in its own dtypes: cast in your model and drop --precision")
     return model
 
 
