@@ -43,8 +43,9 @@ EXAMPLES = """examples:
   your own line through the results; exit 1 when it does not hold:
   ringtrain-bench scaling --np 1,2 --expect 'mode=ring,workers=2: efficiency >= 0.7' --out r
 
-Every run writes DIR/report.html (tables, plots, column definitions, the machine), and
-every column is defined in bench/COLUMNS.md.
+Every run writes DIR/report.html: the command and what the run found, first; then the
+table, the plots, the column definitions and the machine. Every column is defined in
+bench/COLUMNS.md.
 """
 
 
