@@ -25,7 +25,7 @@ h1 { font-size: 1.45em; line-height: 1.25; margin: 0.3em 0 0.5em; }
 h2 { font-size: 1.2em; margin-top: 1.8em; border-bottom: 1px solid #ccc; }
 h3 { font-size: 1.05em; margin-top: 1.4em; }
 .ran { font-family: ui-monospace, monospace; font-size: 0.9em; background: #f3f3f3; padding: 0.5em 0.7em;
-       white-space: nowrap; overflow-x: auto; max-width: none; }
+       white-space: pre-wrap; overflow-wrap: anywhere; max-width: none; }
 .meta, .note, .not-drawn, figcaption { color: #555; font-size: 0.9em; } .meta { max-width: none; }
 #findings ul { padding-left: 1.3em; } #findings li { margin: 0.3em 0; }
 .table-box { overflow-x: auto; max-width: 100%; margin: 0.6em 0; }

@@ -13,7 +13,8 @@ def link_text(r):
 
 
 def row_name(r):
-    return f"{r['mode']} N={r['workers']}" + (f" P={r['num_ps']}" if r["num_ps"] else "") + f" at {link_text(r)}"
+    return (f"{r['mode']} N={r['workers']}" + (f" P={r['num_ps']}" if r["num_ps"] else "")
+            + (f" at {link_text(r)}" if r.get("link_rate") else ""))
 
 
 def find_row(result, mode, n, p=None):
