@@ -348,8 +348,10 @@ def test_bad_mode_fails_with_one_line_naming_it():
 def test_tiny_allreduce_bench_reports_every_implementation_and_the_users_expectations(tmp_path):
     # one expectation that holds, one that cannot: the run exits 1 naming the second
     holds, broken = "impl=ring,world_size=2: wrong == 0", "impl=memcpy: busbw_gbs < 0"
-    done = run(BENCH + ["allreduce", "--np", "2", "--sizes", "4K,64K", "--trials", "2", "--out", str(tmp_path),
-                        "--expect", holds, "--expect", broken], timeout=220, env=child_env())
+    # from another folder than the checkout's, with --out relative to it
+    done = run(BENCH + ["allreduce", "--np", "2", "--sizes", "4K,64K", "--trials", "2", "--out", "r",
+                        "--expect", holds, "--expect", broken], timeout=220, env=child_env(), cwd=str(tmp_path))
+    tmp_path = tmp_path / "r"
     assert done.returncode == 1, done.stderr[-3000:]
     assert done.stderr.splitlines()[-1].startswith(f"ringtrain-bench: {broken} does not hold (measured ")
     result = json.loads((tmp_path / "allreduce.json").read_text())

@@ -649,6 +649,7 @@ def _main(argv):
         return run_profile(args)
     check_outputs(args)
     check_site(args)
+    args.out = os.path.abspath(args.out)  # the launches run in the checkout, not here: they get whole paths
     os.makedirs(args.out, exist_ok=True)
     log = lambda m: print(m, file=sys.stderr, flush=True)
     start = time.time()
