@@ -168,7 +168,7 @@ def plots_section(plots):
                       f'{html.escape(p["caption"])}</figcaption></figure>' for p in plots if p["drawn"])
     skipped = "".join(f'<p class="not-drawn">Not drawn: {html.escape(p["caption"])}: '
                       f'{html.escape(p["why_not_drawn"])}.</p>' for p in plots if not p["drawn"])
-    return "<h2>Plots</h2>" + (f'<div class="plots">{figures}</div>' if figures else "") + skipped
+    return "<h2>Plots</h2>" + skipped + (f'<div class="plots">{figures}</div>' if figures else "")
 
 
 def column_definitions(sections):
