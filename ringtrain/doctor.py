@@ -23,7 +23,7 @@ class Report:
 
 
 def versions(report):
-    from ringtrain import __version__
+    from ringtrain.common.version import __version__
     report.line("ringtrain", __version__)
     report.line("python", platform.python_version())
     tf = hvd = None

@@ -30,7 +30,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def add_version(parser):
     """--version: the command's name and ringtrain's version."""
-    from ringtrain import __version__
+    from ringtrain.common.version import __version__
     parser.add_argument("--version", action="version", version=f"{parser.prog.split()[0]} {__version__}",
                         help="print the version and exit")
 
