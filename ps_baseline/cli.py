@@ -13,6 +13,7 @@ from ps_baseline.scheduled import place, started_by_a_launcher
 from ringtrain.workloads import config as run_config
 from ringtrain.common.errors import UsageError, run_cli
 from ringtrain.workloads.outputs import check_outputs
+from ringtrain.workloads.preemption import PREEMPTION
 from ringtrain.common.parsing import add_version, positive_int
 from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data
 
@@ -69,6 +70,7 @@ def task_parser():
 
 def run_task(argv):
     args = task_parser().parse_args(argv)
+    PREEMPTION.install(PROG)  # a scheduler's signal: ends at once, or, once training runs, saves first
     cluster = place_task(args)
     mode = modes.chosen("ps-baseline", args)
     job, index = mode.trainer_task

@@ -26,10 +26,11 @@ from ps_baseline.losses import NO_RESTARTS_ENV
 from ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode, ps_config
 from ps_baseline.servers import TASK_DATA_ENV
 from ringtrain.workloads.console import PROGRESS_AS_DATA_ENV, Console
-from ringtrain.common.errors import EXIT_STOPPED, UsageError
+from ringtrain.common.errors import EXIT_PREEMPTED, EXIT_STOPPED, UsageError
 from ringtrain.common.parsing import add_version, positive_int
 from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data
 from ringtrain.workloads.outputs import check_outputs
+from ringtrain.workloads.preemption import SIGNALS as PREEMPTION_SIGNALS
 from ringtrain.workloads.summary import FULL_SUMMARY_LINE_ENV
 
 WORKERS_GRACE_SEC = 60  # after the chief is done, time for the others to finish
@@ -156,8 +157,8 @@ def exposure(net, across_hosts):
 def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, net):
     words = task_words(argv)
     output = TaskOutput(across_hosts=args.hostfile is not None, chief=chief.name, console=console)
-    running = {}
-    previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+    running, signals = {}, Signals()
+
     def start(task):
         argv_ = [sys.executable, "-m", "ps_baseline", *cluster_words, f"--job_name={task.job}",
                  f"--task_index={task.index}", *words]
@@ -173,19 +174,23 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
     try:
         for task in tasks:
             start(task)
-        failed = watch(running, chief.name, WorkerLosses(args, tasks, chief, start, console))
+        failed = watch(running, chief.name, WorkerLosses(args, tasks, chief, start, console), signals, console)
         if failed is None:
             # The chief is done: the others finish their reports, the PS tasks shut down.
             # (A worker the chief summarised without is dead or frozen: not worth waiting for.)
             reported = (output.summary or {}).get("reporting_workers")
             procs.wait_all([running[t.name] for t in tasks if t is not chief and not (
                 t.job == "worker" and reported is not None and t.index not in reported)], WORKERS_GRACE_SEC)
+        elif failed is running[chief.name] and (failed.returncode == EXIT_PREEMPTED or signals.deadline):
+            # stopped by a signal (to any task): the chief said where, and saved; the others are ending
+            procs.wait_all([p for p in running.values() if p is not failed], 5)
     finally:
         procs.stop_all(list(running.values()))
-        signal.signal(signal.SIGTERM, previous_sigterm)
+        signals.restore()
 
     chief_process = running[chief.name]
-    if failed is not None:
+    stopped = failed is chief_process and failed.returncode == EXIT_PREEMPTED
+    if failed is not None and not stopped:
         where = f" on {failed.host}" if args.hostfile else ""
         sys.stderr.write(f"{PROG} launch: {failed.name}{where} {failed.describe_exit()}; stopped every "
                          f"task{' on every host' if args.hostfile else ''}\n")
@@ -193,7 +198,7 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
             return EXIT_STOPPED
         code = chief_process.returncode
         return code if code is not None and code > 0 else 1
-    if chief_process.returncode != 0:
+    if chief_process.returncode not in (0, EXIT_PREEMPTED):
         return chief_process.returncode
     if output.summary is None:
         raise UsageError("the chief finished but printed no summary")
@@ -202,7 +207,7 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
         "num_ps": args.num_ps, "num_workers": args.num_workers, "hostfile": args.hostfile,
         "ps_hosts": address_list("ps").split(","), "worker_hosts": address_list("worker").split(",")})
     console.finish(summary, args.summary_json)
-    return 0
+    return EXIT_PREEMPTED if stopped else 0
 
 
 class TaskOutput:
@@ -251,22 +256,54 @@ class TaskOutput:
         return devices if None not in devices else None
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+class Signals:
+    """A scheduler's signal (or Ctrl-C) to `launch` is passed on to every task:
+    the job stops at a step its workers agree on, and the chief saves there
+    (ringtrain/workloads/preemption.py). Each signal is passed on once it comes."""
+    DEADLINE_SEC = 28  # for the chief to save and end after the first signal (SLURM waits 30 s)
+
+    def __init__(self):
+        self.received, self.passed_on, self.deadline = [], 0, None
+        self._previous = {sig: signal.signal(sig, self._note) for sig in PREEMPTION_SIGNALS}
+
+    def _note(self, signum, frame):
+        self.received.append(signum)
+
+    def pass_on(self, running, console):
+        """Pass on the signals received since the last call; True once any came."""
+        for signum in self.received[self.passed_on:]:
+            if self.deadline is None:
+                self.deadline = time.monotonic() + self.DEADLINE_SEC
+                console.line(f"{PROG} launch: {signal.Signals(signum).name}: passed on to every task; the job "
+                             f"stops at a step its workers agree on, and the chief saves there")
+            for process in running.values():
+                process.send_signal(signum)
+        self.passed_on = len(self.received)
+        return self.deadline is not None
+
+    def restore(self):
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
-def watch(running, chief_name, losses):
+def watch(running, chief_name, losses, signals, console):
     """Wait until the chief exits 0 (returns None) or a task fails in a way
-    training cannot survive (returns it)."""
+    training cannot survive (returns it). After a signal, only the chief's
+    end counts (the others end as the job stops), or the deadline."""
     while True:
+        stopping = signals.pass_on(running, console)
         for name, process in list(running.items()):
             status = process.poll()
             if status is None or name in losses.lost:
                 continue
             if name == chief_name:
                 return None if status == 0 else process
-            if status != 0 and not losses.survive(process):
+            if status != 0 and not stopping and not losses.survive(process):
                 return process
+        if stopping and time.monotonic() > signals.deadline:
+            console.line(f"{PROG} launch: the chief did not stop within {signals.DEADLINE_SEC} s of the signal; "
+                         "ending every task")
+            return running[chief_name]
         time.sleep(0.2)
 
 

@@ -14,6 +14,7 @@ from ringtrain.workloads.mode import Alone, Identity, Mode, StepResult, Straggle
 from ringtrain.common.parsing import add_version, positive_int
 from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, refuse_sync_batch_norm
 from ringtrain.workloads.outputs import check_outputs
+from ringtrain.workloads.preemption import PREEMPTION
 from ringtrain.workloads.sharding import updates_per_epoch
 from ringtrain.workloads.straggler import check as check_straggler
 
@@ -42,6 +43,7 @@ def tower_devices(tf, k):
 
 def main(argv):
     args = parser().parse_args(argv)
+    PREEMPTION.install(PROG)  # a scheduler's signal: ends at once, or, once training runs, saves first
     check_outputs(args)
     dataset = load_training_data(args, workers=args.towers)  # numpy: bad input fails before TF loads
     check_straggler(args.straggler, args.towers, "tower")

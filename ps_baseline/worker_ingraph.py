@@ -21,7 +21,7 @@ from ps_baseline import placement, servers
 from ps_baseline.graph_mode import Feeds, GraphMode, Sessions, graph_mode
 from ps_baseline.options import PROG, RESUME
 from ringtrain.workloads import loop
-from ringtrain.workloads.mode import Alone, Identity, StepResult, StragglerWait, Topology
+from ringtrain.workloads.mode import Identity, StepResult, StragglerWait, Topology
 from ringtrain.workloads.sharding import updates_per_epoch
 
 CLIENT = 0  # the worker task that builds the graph and drives training
@@ -118,10 +118,7 @@ def train(config, ps, cluster, task, dataset):
     servers.wait_for_tasks(cluster, "ps", ps.startup_timeout)
     servers.wait_for_tasks(cluster, "worker", ps.startup_timeout)
     g = build_graph(tf, config, ps, tf.train.ClusterSpec(cluster.as_dict()), dataset.image_shape)
-    mode = InGraph(tf, config, ps, cluster, dataset, server, g, device)
-    summary = loop.Training(config, dataset, mode).run()
-    # PS: training is over; let every serving task exit.
-    mode.sessions.plain(g.shutdown)
+    summary = loop.Training(config, dataset, InGraph(tf, config, ps, cluster, dataset, server, g, device)).run()
     return 0 if summary else 1
 
 
@@ -145,7 +142,8 @@ class InGraph(GraphMode):
         self.identity = Identity("ps-ingraph", PROG, num_workers, local_workers=tuple(range(num_workers)),
                                  worker_word="tower", prefix="client: ", device=device)
         self.sessions = Sessions(tf, server, session_config(tf, config.data.threads))
-        self.agree, self.straggler = Alone(), StragglerWait.IN_STEP
+        self.agree = servers.Coordinating(lambda: servers.StopFlag(tf, server.target, self.sessions.config))
+        self.straggler = StragglerWait.IN_STEP
         self.store = GraphStore(tf, config.loop.keep_checkpoints, self.sessions.in_session)
         self.steps_per_epoch = updates_per_epoch(dataset, num_workers, config.data.batch_size, config.data.accumulate)
         self.topology = Topology(advice=RESUME, servers=tuple(
@@ -165,6 +163,10 @@ class InGraph(GraphMode):
                  f"{self.identity.workers} tower(s) on {self.identity.workers} worker task(s), "
                  f"{len(self.cluster.ps)} ps, placement {self.ps.placement}")
         return super().session()
+
+    def close(self):
+        # PS: training is over; let every serving task exit.
+        self.sessions.plain(self.g.shutdown)
 
     def position(self):
         start = self.sessions.run(self.g.global_step)

@@ -16,7 +16,7 @@ import numpy as np
 from ps_baseline import reports, servers
 from ps_baseline.options import PROG, RESUME
 from ringtrain.workloads import loop
-from ringtrain.workloads.mode import Alone, Deferred, Identity, Mode, StepResult, StragglerWait, Topology
+from ringtrain.workloads.mode import Deferred, Identity, Mode, StepResult, StragglerWait, Topology
 from ringtrain.workloads.sharding import epoch_plan, updates_per_epoch
 
 LAG_PER_WORKER = 4  # steps in flight per worker: results are read this far behind
@@ -54,13 +54,10 @@ def train(config, ps, cluster, task, dataset):
         min_shard_bytes=ps.partition_min_bytes, max_shards=len(cluster.ps)) if ps.placement == "partitioned"
         else None)
     strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+    # (each checkpoint retraces TF's saver function, and TF warns about it every time: not news)
+    tf.get_logger().setLevel("ERROR")
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     loop.Training(config, dataset, Coordinator(tf, strategy, coordinator, config, ps, cluster, dataset)).run()
-    # PS: training is over; the PS and worker tasks may exit instead of serving forever.
-    # (through the coordinator's own server, which the strategy started: a PS task as the
-    # master would end in the middle of its own step, and that step would never return)
-    servers.shut_down(tf, f"grpc://{cluster.chief[0]}", [(job, i) for job in ("ps", "worker")
-                                                        for i in range(len(getattr(cluster, job)))])
     return 0
 
 
@@ -78,7 +75,8 @@ class Coordinator(Mode):
         self.state = TrainingState(tf, strategy, config, num_workers)
         self.identity = Identity("ps-tf2", PROG, num_workers, local_workers=tuple(range(num_workers)),
                                  prefix="coordinator: ")
-        self.agree, self.store = Alone(), ObjectStore(config.loop.keep_checkpoints, **self.state.checkpointed())
+        self.agree = servers.Coordinating(lambda: servers.StopFlag(tf, f"grpc://{cluster.chief[0]}"))
+        self.store = ObjectStore(config.loop.keep_checkpoints, **self.state.checkpointed())
         self.steps_per_epoch = updates_per_epoch(dataset, num_workers, b, config.data.accumulate)
         self.topology = Topology(
             waits_for_all=False, servers=tuple((f"ps task {i}", a) for i, a in enumerate(cluster.ps)),
@@ -122,10 +120,20 @@ class Coordinator(Mode):
         from ringtrain.workloads import models
         return models.named_weights(self.state.model)
 
+    def close(self):
+        # PS: training is over; the PS and worker tasks may exit instead of serving forever.
+        # (through the coordinator's own server, which the strategy started: a PS task as the
+        # master would end in the middle of its own step, and that step would never return)
+        cluster = self.cluster
+        servers.shut_down(self.tf, f"grpc://{cluster.chief[0]}", [(job, i) for job in ("ps", "worker")
+                                                                 for i in range(len(getattr(cluster, job)))])
+
     def summary_fields(self, reports_):
         state = self.state
         stale_sum, stale_max = int(state.stale_sum.numpy()), int(state.stale_max.numpy())
-        return dict(num_ps=len(self.cluster.ps), reporting_workers=[-1], api="tf2", placement=self.ps.placement,
+        # (steps: every worker's, as applied: the last result read need not be the last update made)
+        return dict(steps=state.steps(), num_ps=len(self.cluster.ps), reporting_workers=[-1], api="tf2",
+                    placement=self.ps.placement,
                     hosts=[address.rpartition(":")[0] for address in self.cluster.worker],
                     throughput_measured_at="coordinator (all workers as one)",
                     worker_steps=state.worker_steps.numpy().tolist(),

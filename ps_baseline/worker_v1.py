@@ -160,15 +160,10 @@ def train(config, ps, cluster, task, dataset):
     servers.wait_for_tasks(cluster, "ps", ps.startup_timeout)
     g = build_graph(tf, config, ps, tf.train.ClusterSpec(cluster.as_dict()), task, len(cluster.worker),
                     dataset.image_shape)
-    mode = BetweenGraph(tf, config, ps, cluster, task, dataset, server, g, device)
-    summary = loop.Training(config, dataset, mode).run()
+    summary = loop.Training(config, dataset, BetweenGraph(tf, config, ps, cluster, task, dataset, server, g,
+                                                          device)).run()
     # (MonitoredSession's exit swallows an OutOfRangeError: the loop has named the task that went first)
-    if task != 0:
-        mode.say(f"done after {mode.my_steps} steps")
-        return 0
-    # PS: training is over; let the PS tasks exit instead of joining forever.
-    mode.sessions.plain(g.shutdown_ps)
-    return 0 if summary else 1
+    return 0 if summary or task != 0 else 1
 
 
 class BetweenGraph(GraphMode):
@@ -223,9 +218,20 @@ class BetweenGraph(GraphMode):
                 sessions.run(g.reports.reset)
             yield monitored
 
+    def close(self):
+        if not self.is_chief:
+            self.say(f"done after {self.my_steps} steps")
+            return
+        # PS: training is over; let the PS tasks exit instead of joining forever.
+        self.sessions.plain(self.g.shutdown_ps)
+
     def position(self):
-        # PS: this worker's position is its own step count, kept on the PS.
+        # PS: this worker's position is its own step count, kept on the PS. Where every update takes
+        # one gradient of every worker, it is the global step: a gradient pushed but never applied
+        # (the job stopped on a signal before the others pushed theirs) is pushed again.
         local_step, global_step = self.sessions.run([self.g.worker_steps[self.task], self.g.global_step])
+        if self.ps.sync and self.k == self.identity.workers:
+            local_step = global_step
         if local_step:
             self.say(f"resuming at my step {local_step}, global step {global_step}")
         self.my_steps = int(local_step)
@@ -294,6 +300,8 @@ class PSAgreement(Agreement):
     def __init__(self, tf, sessions, g, task, cluster, ps):
         self.tf, self.sessions, self.g, self.rank, self.size = tf, sessions, g, task, len(cluster.worker)
         self.cluster, self.ps = cluster, ps
+        # PS: a scheduler's signal to any task stops every worker: the job's flag on PS task 0
+        self.stop_raised = servers.SharedStop(lambda: servers.StopFlag(tf, sessions.server.target, sessions.config))
 
     def hosts(self):
         return [a.rpartition(":")[0] for a in self.cluster.worker]

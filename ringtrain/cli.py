@@ -11,6 +11,7 @@ from ringtrain.workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORIT
 
 COMMUNICATIONS = ("RING", "AUTO", "NCCL")  # tf.distribute.experimental.CommunicationImplementation
 from ringtrain.workloads.outputs import check_outputs
+from ringtrain.workloads.preemption import PREEMPTION
 
 EXAMPLES = """examples:
   horovodrun -np 2 ringtrain --model mnist_cnn --epochs 5
@@ -122,6 +123,7 @@ def _main(argv):
         from ringtrain import doctor
         return doctor.main(argv[1:])
     args = parser().parse_args(argv)
+    PREEMPTION.install("ringtrain")  # a scheduler's signal: ends at once, or, once training runs, saves first
     validate(args)
     # Data and flags are checked before TensorFlow loads: bad input fails in
     # well under a second, on every rank alike, so no rank waits on another.

@@ -10,7 +10,7 @@ shards, the lr schedule, the step's bookkeeping) is ringtrain/synchronous.py.
 from dataclasses import dataclass
 
 from ringtrain import knobs
-from ringtrain.common.errors import TrainingStopped, exit_now, launched_rank
+from ringtrain.common.errors import Preempted, TrainingStopped, exit_now, launched_rank
 from ringtrain.synchronous import SynchronousMode
 from ringtrain.workloads import loop
 from ringtrain.workloads.horovod_env import allreduce_algorithm_in_effect, horovod_loop_in_effect
@@ -28,8 +28,12 @@ def main(config, args, dataset):
 def in_horovod(run):
     """run() under Horovod: a peer that died mid-collective is one line; Horovod's
     own end (MPI_Finalize) comes first, then no teardown of TF's modules."""
+    import horovod.tensorflow as hvd
     try:
         code = run()
+    except Preempted:
+        hvd.shutdown()  # (MPI_Finalize: mpirun takes a rank that leaves without it for a failure)
+        raise
     except Exception as e:
         if "Horovod has been shut down" not in str(e):
             raise
@@ -38,7 +42,6 @@ def in_horovod(run):
         raise TrainingStopped(f"{'rank ' + str(rank) + ': ' if rank is not None else ''}a collective failed: "
                               "another rank, or its host, is gone (Horovod has been shut down); the job ends: "
                               "resume with --resume from the last checkpoint, or run with --elastic") from None
-    import horovod.tensorflow as hvd
     hvd.shutdown()
     return exit_now(code)
 

@@ -226,8 +226,12 @@ def summarise(rows, knobs, compare_cycle_ms=None, across_hosts=False):
             "alpha_beta_used_for_tf_predictions": TF_FIT_IMPL, "alpha_beta_used_for_ps_predictions": PS_FIT_IMPL}
 
 
-def markdown(result):
-    rows = [{"impl": r["impl"], "ranks": str(r["world_size"]), "size": tables.human_bytes(r["bytes"]),
+MAIN_COLUMNS = ["impl", "ranks", "size", "time_us", "algbw", "busbw", "pct_bound", "pct_mpi", "wire", "wire_pct",
+                "wrong", "knobs"]
+
+
+def table_rows(result):
+    return [{"impl": r["impl"], "ranks": str(r["world_size"]), "size": tables.human_bytes(r["bytes"]),
              "count": f"{r['count']:,}", "type": r["dtype"], "time_us": tables.fmt(r["time_us"], 1),
              "algbw": tables.fmt(r["algbw_gbs"]), "busbw": tables.fmt(r["busbw_gbs"]),
              "pct_bound": tables.fmt(r["pct_of_memcpy_bound"], 0),
@@ -236,11 +240,25 @@ def markdown(result):
              "wire_pct": tables.fmt(r["wire_pct_of_theory"], 1), "wrong": str(r.get("wrong", 0)),
              "knobs": r["knobs"]}
             for r in result["rows"]]
+
+
+def title(result):
+    """What ran, in a line: the implementations, the ranks, the model's gradients and where."""
+    cfg = result["config"]
+    families = [name for name, prefixes in IMPL_FAMILIES if any(r["impl"].startswith(prefixes) for r in result["rows"])]
+    return (f"Allreduce bandwidth of {tables.join(families)}: {tables.join(map(str, cfg['np']))} ranks, "
+            f"{cfg['model']}'s gradients, on {cfg.get('site') or 'this machine'}")
+
+
+IMPL_FAMILIES = [("MPI", ("mpi4py", "mpi-")), ("a numpy ring", ("ring",)), ("Horovod over MPI", ("horovod-mpi",)),
+                 ("Horovod over Gloo", ("horovod-gloo",)), ("TF's ring", ("tf-ring",)),
+                 ("gRPC push and pull", ("grpc-ps",))]
+
+
+def method(result):
     cfg, env = result["config"], result.get("environment", {})
-    where = cfg.get("site") or "this machine"
     dilation = cfg.get("time_dilation") or 1
-    head = (f"# Allreduce bandwidth, {', '.join(map(str, cfg['np']))} ranks, float32 sum, on {where}\n\n"
-            f"Columns are defined in bench/COLUMNS.md (nccl-tests definitions: "
+    return (f"Columns are defined in bench/COLUMNS.md (nccl-tests definitions: "
             f"busbw = algbw * 2(n-1)/n). "
             f"Time is the median over {cfg['trials']} trials of the slowest rank's mean time per "
             f"operation; {cfg['warmup_ops_excluded']} warm-up operations excluded. "
@@ -249,12 +267,63 @@ def markdown(result):
                if dilation != 1 else "")
             + f"{env.get('cores')} cores ({env.get('cpu_model')}); load average (1 min) at start/end "
             f"{tables.fmt((env.get('load_average_at_start') or [None])[0])}/"
-            f"{tables.fmt((env.get('load_average_at_end') or [None])[0])}.\n\n")
+            f"{tables.fmt((env.get('load_average_at_end') or [None])[0])}.\n")
+
+
+def notes(result):
+    """The α-β fits, and Horovod's and TF's busbw at the gradient size."""
     fits = "\n".join(f"- alpha-beta fit, {impl}: alpha = {f['alpha_sec'] * 1e6:.1f} us, "
                      f"1/beta = {f['bandwidth_gb_per_sec'] or 0:.3f} GB/s "
                      f"(worst relative error {100 * f['max_relative_error']:.0f}%)"
                      for impl, f in result["alpha_beta"].items())
-    return head + tables.markdown(COLUMNS, rows) + "\n" + fits + "\n" + at_gradient_size(result)
+    return "\n" + fits + "\n" + at_gradient_size(result)
+
+
+def markdown(result):
+    return (f"# {title(result)}\n\n" + tables.findings_markdown(finding_sentences(result))
+            + tables.markdown(COLUMNS, table_rows(result)) + notes(result) + "\nHow it was measured: "
+            + method(result))
+
+
+def finding_sentences(result):
+    """The peak busbw, each implementation's, the fits the scaling bench uses, and the gradient size's."""
+    rows = [r for r in result["rows"] if r["impl"] != "memcpy"]
+    if not rows:
+        return []
+    top = max(rows, key=lambda r: r["busbw_gbs"])
+    bound = f" ({top['pct_of_memcpy_bound']:.0f} % of the memory-copy bound there)" \
+        if top["pct_of_memcpy_bound"] == top["pct_of_memcpy_bound"] and top["pct_of_memcpy_bound"] else ""
+    out = [f"The highest bus bandwidth was {top['impl']}'s, {top['busbw_gbs']:.2f} GB/s at "
+           f"{tables.human_bytes(top['bytes'])} on {top['world_size']} ranks{bound}."]
+    peaks = {}
+    for r in rows:  # (the same call made eagerly, or with another background loop or cycle: in the table)
+        if not any(variant in r["impl"] for variant in ("-eager", "-upstream", "-cycle")):
+            peaks[r["impl"]] = max(peaks.get(r["impl"], 0), r["busbw_gbs"])
+    if len(peaks) > 1:
+        out.append("Peak busbw by implementation: "
+                   + ", ".join(f"{impl} {gbs:.2f}" for impl, gbs in peaks.items()) + " GB/s.")
+    used = [result.get(k) for k in ("alpha_beta_used_for_predictions", "alpha_beta_used_for_tf_predictions",
+                                    "alpha_beta_used_for_ps_predictions")] + ["mpi-ring"]
+    fits = [(impl, result["alpha_beta"][impl]) for impl in dict.fromkeys(used) if impl in result["alpha_beta"]]
+    if fits:
+        out.append("α-β fits: " + "; ".join(f"{impl} α = {f['alpha_sec'] * 1e6:,.1f} us, 1/β = "
+                                           f"{f['bandwidth_gb_per_sec'] or 0:.2f} GB/s" for impl, f in fits) + ".")
+    out += gradient_size_sentence(result)
+    out.append(f"Every result of the {len(result['rows'])} rows was checked element by element: "
+               f"{sum(r.get('wrong', 0) for r in result['rows'])} wrong.")
+    return out
+
+
+def gradient_size_sentence(result):
+    size = result["config"].get("gradient_bytes")
+    at = [r for r in result["rows"] if r["bytes"] == size and r["impl"].endswith("-grads")
+          and r["pct_of_mpi_busbw"] is not None]
+    if not at:
+        return []
+    return [f"At {result['config']['model']}'s gradient size ({tables.human_bytes(size)}), "
+            + tables.join(f"{r['impl']} reached {r['pct_of_mpi_busbw']:.0f} %" if i == 0 else
+                          f"{r['impl']} {r['pct_of_mpi_busbw']:.0f} %" for i, r in enumerate(at))
+            + " of raw MPI_Allreduce's busbw."]
 
 
 def at_gradient_size(result):
@@ -276,5 +345,5 @@ def write(result, out_dir):
     with open(os.path.join(out_dir, "allreduce.md"), "w") as f:
         f.write(text)
     from ringtrain.bench import plots
-    plots.busbw_plot(result, os.path.join(out_dir, "allreduce_busbw.png"))
+    plots.write_index(out_dir, "allreduce", [plots.busbw_plot(result, os.path.join(out_dir, "allreduce_busbw.png"))])
     return text

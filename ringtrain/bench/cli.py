@@ -43,8 +43,9 @@ EXAMPLES = """examples:
   your own line through the results; exit 1 when it does not hold:
   ringtrain-bench scaling --np 1,2 --expect 'mode=ring,workers=2: efficiency >= 0.7' --out r
 
-Every run writes DIR/report.html (tables, plots, column definitions, the machine), and
-every column is defined in bench/COLUMNS.md.
+Every run writes DIR/report.html: the command and what the run found, first; then the
+table, the plots, the column definitions and the machine. Every column is defined in
+bench/COLUMNS.md.
 """
 
 
@@ -648,6 +649,7 @@ def _main(argv):
         return run_profile(args)
     check_outputs(args)
     check_site(args)
+    args.out = os.path.abspath(args.out)  # the launches run in the checkout, not here: they get whole paths
     os.makedirs(args.out, exist_ok=True)
     log = lambda m: print(m, file=sys.stderr, flush=True)
     start = time.time()

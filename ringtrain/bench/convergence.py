@@ -137,11 +137,18 @@ def table_rows(result):
     return out
 
 
-def markdown(result):
+MAIN_COLUMNS = ["mode", "workers", "time", "launch", "samples", "final", "best", "applied", "reached"]
+
+
+def title(result):
     cfg = result["config"]
-    text = (f"# Time to {100 * cfg['target']:g}% test accuracy: {cfg['model']} on {cfg['data']} data, "
-            f"W = {cfg['np']} workers, on {sync_modes.where(result)}\n\n"
-            f"Budget: {cfg['steps']} updates of {cfg['np']} x {cfg['batch_size']} images (async: {cfg['steps']} "
+    return (f"Time to {100 * cfg['target']:g}% test accuracy in {tables.join(cfg['modes'])}: {cfg['model']} on "
+            f"{cfg['data']} data, W = {cfg['np']} workers, on {sync_modes.where(result)}")
+
+
+def method(result):
+    cfg = result["config"]
+    return (f"Budget: {cfg['steps']} updates of {cfg['np']} x {cfg['batch_size']} images (async: {cfg['steps']} "
             f"steps per worker, one batch per update); {cfg['optimizer']}, lr {cfg['lr']:g} in every mode"
             + (f"; straggler {cfg['straggler']}" if cfg.get("straggler") else "") +
             f". The chief snapshots the weights every {cfg['snapshot_every']} steps; each snapshot is evaluated "
@@ -149,18 +156,41 @@ def markdown(result):
             f"included), start-up and snapshots excluded; 'from launch' counts from the launcher's start "
             f"(TF's import, the cluster's start-up), snapshots excluded; medians over {cfg['repeats']} round(s), "
             f"range in brackets. Samples are those "
-            f"whose gradients were applied. Columns: bench/COLUMNS.md.\n\n")
-    text += tables.markdown(COLUMNS, table_rows(result))
+            f"whose gradients were applied. Columns: bench/COLUMNS.md.\n")
+
+
+def notes(result):
+    cfg = result["config"]
     win, win_launch = result["winner"], result["winner_from_launch"]
-    text += (f"\nFirst to {100 * cfg['target']:g}% in training time: **{win}**; counting start-up from the "
-             f"launcher's start: **{win_launch}**.\n" if win else
-             f"\nNo mode reached {100 * cfg['target']:g}% in most rounds: give more --steps.\n")
-    return text
+    return (f"\nFirst to {100 * cfg['target']:g}% in training time: **{win}**; counting start-up from the "
+            f"launcher's start: **{win_launch}**.\n" if win else
+            f"\nNo mode reached {100 * cfg['target']:g}% in most rounds: give more --steps.\n")
+
+
+def markdown(result):
+    return (f"# {title(result)}\n\n" + tables.findings_markdown(finding_sentences(result))
+            + tables.markdown(COLUMNS, table_rows(result)) + notes(result) + "\nHow it was measured: "
+            + method(result))
+
+
+def finding_sentences(result):
+    """Each mode's time to the target (or its best snapshot, if it did not get there)."""
+    target = f"{100 * result['config']['target']:g} %"
+    out = []
+    for r in sorted(result["rows"], key=lambda r: (r["seconds_to_target"] is None, r["seconds_to_target"] or 0)):
+        if r["seconds_to_target"] is not None:
+            out.append(f"{r['mode']} reached {target} test accuracy after {r['seconds_to_target']:,.1f} s of "
+                       f"training ({r['seconds_from_launch_to_target']:,.1f} s from launch, "
+                       f"{r['samples_to_target']:,.0f} samples).")
+        else:
+            best = "n/a" if r["best_accuracy"] is None else f"{100 * r['best_accuracy']:.1f} %"
+            out.append(f"{r['mode']} did not reach {target} in most rounds; its best snapshot scored {best}.")
+    return out
 
 
 def write(result, out_dir):
     text = tables.write_report(out_dir, "convergence", markdown(result), CSV_KEYS, result)
-    plots.convergence_plots([(c["mode"], c["points"]) for c in result["curves"]],
-                            os.path.join(out_dir, "convergence_time.png"),
-                            os.path.join(out_dir, "convergence_samples.png"), target=result["config"]["target"])
+    plots.write_index(out_dir, "convergence", plots.convergence_plots(
+        [(c["mode"], c["points"]) for c in result["curves"]], os.path.join(out_dir, "convergence_time.png"),
+        os.path.join(out_dir, "convergence_samples.png"), target=result["config"]["target"]))
     return text

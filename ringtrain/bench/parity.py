@@ -76,8 +76,14 @@ def run(cfg, out_dir, log=print):
               "median_ratio": median([r["ratio"] for r in rows]),
               "median_settings_ratio": median([r["settings_ratio"] for r in rows])}
     result["environment"]["load_average_at_end"] = list(os.getloadavg())
-    tables.write_report(out_dir, "parity", markdown(result), CSV_KEYS, result)
+    write(result, out_dir)
     return result
+
+
+def write(result, out_dir):
+    from ringtrain.bench import plots
+    plots.write_index(out_dir, "parity", [])  # no plot: a ratio a round
+    return tables.write_report(out_dir, "parity", markdown(result), CSV_KEYS, result)
 
 
 def _summary(impl, summary_path, log_path, code, tag):
@@ -99,22 +105,48 @@ def _slowest_rank_step(summary):
     return max(p50) if isinstance(p50, list) else p50
 
 
-def markdown(result):
+MAIN_COLUMNS = ["round", "plain", "ringtrain", "ratio", "defaults", "settings", "plain_step", "ringtrain_step"]
+
+
+def title(result):
+    cfg = result["config"]
+    return (f"ringtrain against a plain Horovod script: {cfg['model']}, {cfg['np']} ranks x batch "
+            f"{cfg['batch_size']}, on this machine")
+
+
+def method(result):
     cfg = result["config"]
     shape = "x".join(map(str, cfg["image_shape"]))
-    text = (f"# ringtrain against a plain Horovod script: {cfg['model']}, {shape} images, {cfg['np']} ranks "
-            f"x batch {cfg['batch_size']}, {cfg['threads']} TF thread(s) each\n\n"
+    return (f"{shape} images, {cfg['threads']} TF thread(s) per rank. "
             f"All under mpirun, SGD, {cfg['steps']} steps of which {cfg['warmup_steps']} are warm-up, in "
             f"{cfg['rounds']} round(s), the order rotating. img/s: every rank's timed samples over the slowest "
             f"rank's timed seconds. The plain script is examples/plain_horovod.py, run with the OpenMPI settings "
             f"ringtrain sets for itself ({', '.join(f'{k}={v}' for k, v in sorted(RINGTRAINS_MPI.items()))}), "
-            f"and again with OpenMPI's defaults. Columns: bench/COLUMNS.md.\n\n")
-    text += tables.markdown(COLUMNS, [{
-        "round": r["round"], "plain": tables.fmt(r["plain_images_per_sec"], 1),
-        "ringtrain": tables.fmt(r["ringtrain_images_per_sec"], 1), "ratio": f"{r['ratio']:.3f}",
-        "defaults": tables.fmt(r["plain_ompi_defaults_images_per_sec"], 1),
-        "settings": f"{r['settings_ratio']:.3f}",
-        "plain_step": tables.fmt(r["plain_step_p50_ms"], 0), "ringtrain_step": tables.fmt(r["ringtrain_step_p50_ms"], 0)}
-        for r in result["rows"]])
-    return text + (f"\nMedian round: ringtrain ÷ plain = {result['median_ratio']:.3f}; plain with ringtrain's "
-                   f"OpenMPI settings ÷ plain with OpenMPI's defaults = {result['median_settings_ratio']:.3f}.\n")
+            f"and again with OpenMPI's defaults. Columns: bench/COLUMNS.md.\n")
+
+
+def table_rows(result):
+    return [{"round": r["round"], "plain": tables.fmt(r["plain_images_per_sec"], 1),
+             "ringtrain": tables.fmt(r["ringtrain_images_per_sec"], 1), "ratio": f"{r['ratio']:.3f}",
+             "defaults": tables.fmt(r["plain_ompi_defaults_images_per_sec"], 1),
+             "settings": f"{r['settings_ratio']:.3f}", "plain_step": tables.fmt(r["plain_step_p50_ms"], 0),
+             "ringtrain_step": tables.fmt(r["ringtrain_step_p50_ms"], 0)} for r in result["rows"]]
+
+
+def notes(result):
+    return (f"\nMedian round: ringtrain ÷ plain = {result['median_ratio']:.3f}; plain with ringtrain's "
+            f"OpenMPI settings ÷ plain with OpenMPI's defaults = {result['median_settings_ratio']:.3f}.\n")
+
+
+def markdown(result):
+    return (f"# {title(result)}\n\n" + tables.findings_markdown(finding_sentences(result))
+            + tables.markdown(COLUMNS, table_rows(result)) + notes(result) + "\nHow it was measured: "
+            + method(result))
+
+
+def finding_sentences(result):
+    rounds = len(result["rows"])
+    of = f"the median of {rounds} rounds" if rounds > 1 else "one round"
+    return [f"ringtrain trained at {result['median_ratio']:.3f}× the plain Horovod script's img/s ({of}).",
+            f"ringtrain's OpenMPI settings made the plain script {result['median_settings_ratio']:.3f}× as fast "
+            f"as OpenMPI's defaults ({of})."]

@@ -123,13 +123,27 @@ def row(base, mode, num_ps, step, exchange, compute, batch, n):
     return r
 
 
-def markdown(result):
+MAIN_COLUMNS = ["mode_label", "link_rate", "gpus", "hosts", "step", "exchange", "hidden", "ips", "eff"]
+
+
+def title(result):
     inputs = result["inputs"]
-    text = (f"# Projection: {inputs['model']} on up to {max(result['np'])} GPUs, {inputs['gpus_per_host']} per "
-            f"host\n\nThe α-β model (bench/stats.py), not a measurement. Gradients {inputs['gradient_bytes'] / 1e6:,.1f} "
+    links = tables.join([link["label"] + (" links" if link["label"] != "fitted" else " links (fitted)")
+                         for link in inputs["links"]])
+    return (f"Projected scaling of ring and sync PS: {inputs['model']} on {min(result['np'])}–{max(result['np'])} "
+            f"GPUs, {inputs['gpus_per_host']} per host, {links}")
+
+
+METHOD = "How it is projected"
+
+
+def method(result):
+    inputs = result["inputs"]
+    text = (f"The α-β model (bench/stats.py), not a measurement. Gradients {inputs['gradient_bytes'] / 1e6:,.1f} "
             f"MB per step in {inputs['tensors']} tensors of {inputs['layers']} layers (the largest "
             f"{inputs['largest_tensor_bytes'] / 1e6:,.1f} MB), ring allreduce "
-            f"{'hierarchical' if inputs['hierarchical'] else 'flat'}, PS placement {inputs['placement']}, one GPU's step {inputs['step_ms']:,.1f} ms ({inputs['step_source']}), batch "
+            f"{'hierarchical' if inputs['hierarchical'] else 'flat'}, PS placement {inputs['placement']}, one GPU's "
+            f"step {inputs['step_ms']:,.1f} ms ({inputs['step_source']}), batch "
             f"{inputs['batch_size']} per GPU. Columns: bench/COLUMNS.md, section Projection.\n\n")
     for link in inputs["links"]:
         text += (f"- link {link['label']} ({link['source']}): ring α = {link['ring']['alpha_sec'] * 1e6:,.1f} us, "
@@ -137,20 +151,51 @@ def markdown(result):
                  f"{link['ps']['alpha_sec'] * 1e6:,.1f} us, 1/β = {1e-6 / link['ps']['beta_sec_per_byte']:,.1f} MB/s\n")
     text += (f"- inside a host: 1/β = {1e-6 / inputs['intra']['beta_sec_per_byte']:,.1f} MB/s"
              + (f"; TF's gRPC at most {inputs['grpc_rate_bits'] / 8e6:,.1f} MB/s per host and direction"
-                if inputs.get("grpc_rate_bits") else "") + "\n\n")
-    cells = [dict(r, mode_label=r["mode"] + (f" P={r['num_ps']}" if r["num_ps"] else ""),
-                  step=tables.fmt(r["step_ms"], 1), exchange=tables.fmt(r["exchange_ms"], 1),
-                  hidden=tables.fmt(r["hidden_pct"], 0), ips=tables.fmt(r["images_per_sec"], 0),
-                  eff=f"{100 * r['efficiency']:.0f}%") for r in result["rows"]]
-    text += tables.markdown(COLUMNS, cells)
-    text += "\nWhat the projection assumes:\n\n" + "".join(f"- {a}\n" for a in result["assumptions"])
+                if inputs.get("grpc_rate_bits") else "") + "\n")
     return text
+
+
+def table_rows(result):
+    return [dict(r, mode_label=r["mode"] + (f" P={r['num_ps']}" if r["num_ps"] else ""),
+                 step=tables.fmt(r["step_ms"], 1), exchange=tables.fmt(r["exchange_ms"], 1),
+                 hidden=tables.fmt(r["hidden_pct"], 0), ips=tables.fmt(r["images_per_sec"], 0),
+                 eff=f"{100 * r['efficiency']:.0f}%") for r in result["rows"]]
+
+
+def notes(result):
+    return "\nWhat the projection assumes:\n\n" + "".join(f"- {a}\n" for a in result["assumptions"])
+
+
+def markdown(result):
+    return (f"# {title(result)}\n\n" + tables.findings_markdown(finding_sentences(result))
+            + tables.markdown(COLUMNS, table_rows(result)) + notes(result) + f"\n{METHOD}: "
+            + method(result))
+
+
+def finding_sentences(result):
+    """At the largest N of each link: ring's projected efficiency, and sync PS's best and worst P."""
+    top = max(result["np"])
+    out = []
+    for link in dict.fromkeys(r["link_rate"] for r in result["rows"]):
+        at = [r for r in result["rows"] if r["link_rate"] == link and r["gpus"] == top]
+        ring = next((r for r in at if r["mode"] == "ring"), None)
+        # best last; of equals, the fewest PS tasks
+        ps = sorted((r for r in at if r["mode"] == "ps-sync"), key=lambda r: (r["efficiency"], -r["num_ps"]))
+        text = f"At {top} GPUs on {link} links, the α-β model projects "
+        parts = [f"{tables.share(ring['efficiency'])} efficiency for ring"] if ring else []
+        if ps:
+            parts.append(f"{tables.share(ps[-1]['efficiency'])} for sync PS at best (P = {ps[-1]['num_ps']})"
+                         + (f", {tables.share(ps[0]['efficiency'])} with P = {ps[0]['num_ps']}" if len(ps) > 1 else ""))
+        if parts:
+            out.append(text + "; ".join(parts) + ".")
+    return out
 
 
 def write(result, out_dir):
     text = tables.write_report(out_dir, "project", markdown(result), CSV_KEYS, result)
     from ringtrain.bench import plots
-    plots.projection_plot(result, line_label, os.path.join(out_dir, "project_efficiency.png"))
+    plots.write_index(out_dir, "project", [plots.projection_plot(result, line_label,
+                                                                 os.path.join(out_dir, "project_efficiency.png"))])
     return text
 
 

@@ -40,6 +40,7 @@ def check(path, fit_up_to):
     """{"rows": [...], "links": [per link: its fits and kappa]} for every link of the run at `path`."""
     out = {"source": path, "fit_up_to": fit_up_to, "rows": [], "links": []}
     for result, folder in per_link(path):
+        out.update(model=result["config"].get("model"), site=result.get("site"))  # for the report's title
         rows, facts = check_link(result, folder, fit_up_to)
         out["rows"] += rows
         out["links"].append(facts)
@@ -140,10 +141,22 @@ def error(predicted, measured):
     return 100 * (predicted - measured) / measured if predicted is not None and measured else None
 
 
-def markdown(result):
+MAIN_COLUMNS = ["mode", "n", "link", "measured", "alpha_beta", "error", "with_cpu", "error_cpu"]
+
+
+def title(result):
+    modes = tables.join(list(dict.fromkeys(r["mode"] for r in result["rows"])))
+    links = tables.join([link_text(link) for link in result["links"]])
+    return (f"The projection's model against a measured run: {modes}, {result.get('model') or 'its model'}, "
+            f"{links} links, fitted on N ≤ {result['fit_up_to']}")
+
+
+METHOD = "How it was checked"
+
+
+def method(result):
     k = result["fit_up_to"]
-    text = (f"# The projection's model against measurement: fitted on N <= {k}, checked at N > {k}\n\n"
-            f"Run: {result['source']}. The links are fitted again on the run's own allreduce timings at 2..{k} "
+    text = (f"Run: {result['source']}. The links are fitted again on the run's own allreduce timings at 2..{k} "
             f"ranks; every row's α-β step is the scaling bench's, with that fit (bench/COLUMNS.md, "
             f"section Projection).\n\n")
     for link in result["links"]:
@@ -153,15 +166,44 @@ def markdown(result):
                  + (f"; TF's ring 1/β = {(tf['bandwidth_gb_per_sec'] or 0) * 1e3:.1f} MB/s" if tf else "")
                  + (f"; the shared cores cost {link['kappa_ms_per_mb']:.3f} ms per MB the hosts send per step"
                     if link["kappa_ms_per_mb"] is not None else "; hosts with cores of their own") + "\n")
-    text += "\n" + tables.markdown(COLUMNS, [{
-        "link": link_text(r),
-        "mode": r["mode"], "n": f"{r['workers']} ({r['num_ps']})" if r["num_ps"] else str(r["workers"]),
-        "measured": tables.fmt(r["step_time_ms"], 1), "alpha_beta": tables.fmt(r["predicted_step_time_ms"], 1),
-        "error": percent(r["error_pct"], signed=True),
-        "with_cpu": tables.fmt(r["predicted_with_shared_cores_ms"], 1),
-        "error_cpu": percent(r["error_with_shared_cores_pct"], signed=True)} for r in result["rows"]])
     return text
 
 
+def table_rows(result):
+    return [{"link": link_text(r), "mode": r["mode"],
+             "n": f"{r['workers']} ({r['num_ps']})" if r["num_ps"] else str(r["workers"]),
+             "measured": tables.fmt(r["step_time_ms"], 1), "alpha_beta": tables.fmt(r["predicted_step_time_ms"], 1),
+             "error": percent(r["error_pct"], signed=True),
+             "with_cpu": tables.fmt(r["predicted_with_shared_cores_ms"], 1),
+             "error_cpu": percent(r["error_with_shared_cores_pct"], signed=True)} for r in result["rows"]]
+
+
+def notes(result):
+    return ""
+
+
+def markdown(result):
+    return (f"# {title(result)}\n\n" + tables.findings_markdown(finding_sentences(result))
+            + tables.markdown(COLUMNS, table_rows(result)) + "\nHow it was checked: " + method(result))
+
+
+def finding_sentences(result):
+    """How far the model, fitted on N <= K, was from each measured row past K."""
+    out = []
+    for r in result["rows"]:
+        if r["error_pct"] is None:
+            continue
+        text = (f"Fitted on N ≤ {result['fit_up_to']}, the model put {r['mode']}"
+                + (f" with {r['num_ps']} PS" if r["num_ps"] else "") + f" at N = {r['workers']} on "
+                f"{link_text(r)} at {r['predicted_step_time_ms']:,.1f} ms a step, {r['error_pct']:+.0f} % off the "
+                f"measured {r['step_time_ms']:,.1f} ms")
+        if r["error_with_shared_cores_pct"] is not None:
+            text += f" ({r['error_with_shared_cores_pct']:+.0f} % with the shared cores' cost)"
+        out.append(text + ".")
+    return out
+
+
 def write(result, out_dir):
+    from ringtrain.bench import plots
+    plots.write_index(out_dir, "project-check", [])  # no plot of its own
     return tables.write_report(out_dir, "project-check", markdown(result), CSV_KEYS, result)

@@ -5,6 +5,7 @@ import json
 import os
 
 from ringtrain.bench import plots, stats, tables
+from ringtrain.bench.scaling_findings import find_row as _row, link_text, row_name, sentences as finding_sentences
 from ringtrain.workloads.numbers import percent
 from ringtrain.workloads.summary import dumps
 
@@ -17,6 +18,9 @@ COLUMNS = [
     ("wire", "wire MB/step"), ("wire_pct", "wire % of theory"),
     ("cpu_horovod", "Horovod thread % core"), ("cpu_other", "other threads % core"), ("scaling", "scaling"),
 ]
+# The page's table: the most telling columns first; the others are one click away, in the full table
+MAIN_COLUMNS = ["mode", "n", "link", "total", "efficiency", "speedup", "step_ms", "predicted_ms", "prediction_error",
+                "comm_ms", "ceiling", "wire_pct", "cpu_horovod"]
 CSV_KEYS = ["mode", "algorithm", "workers", "num_ps", "hosts", "link_rate", "time_dilation", "processes", "cores",
             "threads_per_worker", "oversubscribed", "per_worker_images_per_sec_mean",
             "per_worker_images_per_sec_ci95", "rounds", "total_images_per_sec", "speedup", "efficiency",
@@ -54,13 +58,6 @@ def table_rows(result):
     return rows
 
 
-def link_text(r):
-    if not r["link_rate"]:
-        return "n/a"
-    dilation = r.get("time_dilation") or 1
-    return r["link_rate"] + (f" (÷{dilation:g})" if dilation != 1 else "")
-
-
 def efficiency_text(r):
     if r["efficiency"] is None:
         return "n/a"
@@ -70,14 +67,33 @@ def efficiency_text(r):
     return text
 
 
-def intro(result):
-    """What ran, how it was measured, and on what machine."""
+def title(results, lead="Scaling of"):
+    """What ran, in a line: the modes, the models and where."""
+    cfgs = [result["config"] for result in results]
+    modes = list(dict.fromkeys(m for cfg in cfgs for m in cfg["modes"]))
+    models = list(dict.fromkeys(cfg["model"] for cfg in cfgs))
+    return f"{lead} {tables.join(modes)}: {tables.join(models)} on {site_text(results)}"
+
+
+def site_text(results):
+    """`this machine`; `2 simulated hosts, 1gbit and 10gbit (÷10) links`."""
+    site = results[0].get("site") or {}
+    if not site.get("link_rate"):
+        return site.get("label", "this machine")
+    links = tables.join(list(dict.fromkeys(link_text({"link_rate": (r.get("site") or {}).get("link_rate"),
+                                               "time_dilation": (r.get("site") or {}).get("dilation")})
+                                    for r in results)))
+    hosts = site.get("hosts") or "?"
+    return f"{hosts} {'simulated ' if site.get('hosts_share_cores') else ''}hosts, {links} links"
+
+
+def method(result):
+    """How the rows were measured, and on what machine."""
     cfg, env, site = result["config"], result["environment"], result.get("site") or {}
     load = env.get("load_average_at_start"), env.get("load_average_at_end")
     rounds = max((r["rounds"] for r in result["rows"]), default=1)
     dilation = site.get("dilation") or 1
-    where = site.get("label", "this machine")
-    text = (f"# Ring against PS: {cfg['model']} on {cfg['data']} data, {cfg['steps']} steps per run, {where}\n\n"
+    text = (f"{cfg['model']} on {cfg['data']} data, {cfg['steps']} steps per run, on {site.get('label', 'this machine')}. "
             f"Columns are defined in bench/COLUMNS.md. Totals are measured (all workers' timed images / "
             f"slowest worker's timed seconds), never rank 0 x N; warm-up steps excluded. "
             f"Every configuration ran {rounds} time(s), in rounds; total img/s is the median run, and "
@@ -100,20 +116,26 @@ def intro(result):
              f"{cfg['threads']} TF thread(s); 'over' marks more processes x threads than cores. "
              f"Load average (1 min) at start/end: "
              f"{tables.fmt(load[0][0] if load[0] else None)}/{tables.fmt(load[1][0] if load[1] else None)} "
-             f"(other work on the machine skews every number).\n\n")
+             f"(other work on the machine skews every number).\n")
     return text
 
 
 def markdown(result):
-    text, site = intro(result), result.get("site") or {}
-    text += tables.markdown(COLUMNS, table_rows(result))
+    """The report of one site: what ran, what it found, the table, then the rest."""
+    return (f"# {title([result])}\n\n" + tables.findings_markdown(finding_sentences([result]))
+            + tables.markdown(COLUMNS, table_rows(result)) + notes(result) + "\nHow it was measured: " + method(result))
+
+
+def notes(result):
+    """What follows the table: the α-β fits, and the modes set side by side."""
+    text, site = "", result.get("site") or {}
     fit, ps_fit = result["alpha_beta"], result.get("alpha_beta_ps")
     if fit or ps_fit:
         ring_source = "OpenMPI's ring allreduce across these hosts (mpi-ring)" if site.get("across_hosts") \
             else "Horovod allreduce (horovod-mpi)"
         grad = result.get("gradient_bytes")
         text += "\nα-β models" + (f" (gradients {grad / 1e6:.2f} MB per step)" if grad else "") + \
-                ", as measured (before any time dilation is divided out):\n"
+                ", as measured (before any time dilation is divided out):\n\n"
         fits = (per_rank_count(f"ring rows: {ring_source}", fit)
                 + per_rank_count("TF collective rows: TF's own ring all-reduce (tf-ring)", result.get("alpha_beta_tf")))
         for label, f in fits + [("PS rows: TF gRPC push + pull (grpc-ps)", ps_fit)]:
@@ -151,8 +173,9 @@ def per_rank_count(label, fit):
 
 def write(result, out_dir):
     text = tables.write_report(out_dir, "scaling", markdown(result), CSV_KEYS, result)
-    plots.scaling_plots(result["rows"], os.path.join(out_dir, "scaling_throughput.png"),
-                        os.path.join(out_dir, "scaling_efficiency.png"), title=result.get("site", {}).get("label"))
+    plots.write_index(out_dir, "scaling", plots.scaling_plots(
+        result["rows"], os.path.join(out_dir, "scaling_throughput.png"), os.path.join(out_dir, "scaling_efficiency.png"),
+        title=result.get("site", {}).get("label")))
     return text
 
 
@@ -251,15 +274,6 @@ def findings(results):
     return out
 
 
-def row_name(r):
-    return f"{r['mode']} N={r['workers']}" + (f" P={r['num_ps']}" if r["num_ps"] else "") + f" at {link_text(r)}"
-
-
-def _row(result, mode, n, p=None):
-    return next((r for r in result["rows"] if r["mode"] == mode and r["workers"] == n
-                 and (p is None or r["num_ps"] == p)), None)
-
-
 def ring_against_ps(results):
     """1 PS, no dilation: ring's throughput against sync PS's at the top N, measured and by α-β."""
     out = []
@@ -316,9 +330,11 @@ def write_links(out_dir):
     """One report over every link rate measured into out_dir (this run's and
     earlier --cluster runs' into the same folder): each table, then what they show together."""
     results = link_results(out_dir)
-    text = "# Ring against PS across hosts, per link rate\n\n"
+    text = f"# {title(results)}\n\n" + tables.findings_markdown(finding_sentences(results))
     for result in results:
-        text += markdown(result).replace("# Ring against PS", "## Ring against PS", 1) + "\n"
+        text += (f"## {link_text(result['rows'][0]) if result['rows'] else result['site']['link_rate']}\n\n"
+                 + tables.markdown(COLUMNS, table_rows(result)) + notes(result) + "\nHow it was measured: "
+                 + method(result) + "\n")
     text += "## What the rows show, together\n\n"
     text += findings_table(findings(results))
     with open(os.path.join(out_dir, "scaling.md"), "w") as f:

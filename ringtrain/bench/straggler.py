@@ -134,27 +134,58 @@ def table_rows(result):
     return out
 
 
-def markdown(result):
+MAIN_COLUMNS = ["mode", "workers", "factor", "applied", "ratio", "model", "healthy", "slow", "healthy_steps",
+                "slow_steps", "dropped", "staleness"]
+
+
+def title(result):
+    cfg = result["config"]
+    return (f"One straggler in {tables.join(cfg['modes'])}: {cfg['model']}, W = {cfg['np']} workers, "
+            f"on {sync_modes.where(result)}")
+
+
+def method(result):
     cfg, env = result["config"], result["environment"]
     compute = (f"a simulated accelerator of {cfg['simulate_gpu_ms']:g} ms per step (waits that use no CPU, so "
                f"that {cfg['np'] + 1} workers on {env.get('cores')} cores do not slow each other)"
                if cfg.get("simulate_gpu_ms") else "real compute")
-    text = (f"# One straggler: {cfg['model']} on {cfg['data']} data, W = {cfg['np']} workers, {compute}, "
-            f"on {sync_modes.where(result)}\n\n"
+    return (f"{cfg['model']} on {cfg['data']} data, {compute}. "
             f"Each row: {cfg['steps']} steps, {cfg['warmup_steps']} of them warm-up, median of {cfg['repeats']} "
             f"round(s). Applied img/s counts the images whose gradients reached the weights (PS: the chief's "
             f"global-step rate x images per update; dropped stale gradients do not count). 'of no straggler' "
             f"compares it with the same mode's run without a straggler in the same round (range over rounds "
             f"in brackets). 'model' is bench/straggler.py's: sync keeps r = E/(E-1+F) (F: factor, E: every), "
-            f"async (W-1+r)/W, one backup worker (W+r)/(W+1). Columns: bench/COLUMNS.md.\n\n")
-    text += tables.markdown(COLUMNS, table_rows(result))
-    if result["findings"]:
-        text += "\nWhat the rows show:\n\n" + findings_table(result["findings"])
-    return text
+            f"async (W-1+r)/W, one backup worker (W+r)/(W+1). Columns: bench/COLUMNS.md.\n")
+
+
+def notes(result):
+    return "\nWhat the rows show:\n\n" + findings_table(result["findings"]) if result["findings"] else ""
+
+
+def markdown(result):
+    return (f"# {title(result)}\n\n" + tables.findings_markdown(finding_sentences(result))
+            + tables.markdown(COLUMNS, table_rows(result)) + notes(result) + "\nHow it was measured: "
+            + method(result))
+
+
+def finding_sentences(result):
+    """What the straggler cost each mode at the largest factor, measured and as the model says."""
+    rows = result["rows"]
+    top = max((r["factor"] for r in rows), default=1)
+    out = []
+    for r in (r for r in rows if r["factor"] == top and top > 1):
+        if r["ratio_to_no_straggler"] is None:
+            continue
+        extra = f", dropping {r['gradients_dropped']} of {r['gradients_pushed']} gradients" \
+            if r.get("gradients_dropped") else ""
+        out.append(f"With a {top:g}× straggler, {r['mode']} kept {tables.share(r['ratio_to_no_straggler'])} of its "
+                   f"applied throughput (model {tables.share(r['model_ratio'])}){extra}.")
+    return out
 
 
 def write(result, out_dir):
     text = tables.write_report(out_dir, "straggler", markdown(result), CSV_KEYS, result)
-    plots.straggler_plots(result["rows"], os.path.join(out_dir, "straggler_throughput.png"),
-                          os.path.join(out_dir, "straggler_step_times.png"))
+    plots.write_index(out_dir, "straggler", plots.straggler_plots(
+        result["rows"], os.path.join(out_dir, "straggler_throughput.png"),
+        os.path.join(out_dir, "straggler_step_times.png")))
     return text

@@ -94,3 +94,20 @@ def write_report(out_dir, stem, text, csv_keys, result):
     with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
         f.write(dumps(result, indent=1, sort_keys=True))
     return text
+
+
+def findings_markdown(sentences):
+    """A report's findings, one sentence each, as a Markdown list under its title."""
+    return "".join(f"- {sentence}\n" for sentence in sentences) + "\n" if sentences else ""
+
+
+def join(words):
+    """`a`, `a and b`, `a, b and c`."""
+    words = list(words)
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
+
+
+def share(fraction):
+    """A fraction as a percentage in a sentence: `76 %`, `5.3 %`, `0.3 %`."""
+    value = 100 * fraction
+    return f"{value:.0f} %" if value >= 10 else f"{value:.1f} %"

@@ -1,6 +1,11 @@
-"""Errors the CLIs print as one line: bad input (exit 2), a stopped run (exit 3)."""
+"""Errors the CLIs print as one line, and their exit statuses: bad input
+(2), a run stopped on purpose (3), a run stopped by a scheduler's signal with
+its checkpoint written (75)."""
 
 EXIT_STOPPED = 3  # training stopped on purpose (diverged, stalled, a full disk): resume it
+# "stopped early, resumable" (sysexits' EX_TEMPFAIL: a temporary failure, try again): the
+# sbatch scripts requeue a job that ends with it.
+EXIT_PREEMPTED = 75
 
 
 class UsageError(Exception):
@@ -14,6 +19,17 @@ class TrainingStopped(Exception):
     def __init__(self, message, quiet=False):
         super().__init__(message)
         self.quiet = quiet
+
+
+class Preempted(Exception):
+    """Training stopped on a scheduler's signal, at a step every process agreed
+    on, and the chief has said so in one line. The chief exits EXIT_PREEMPTED
+    if it wrote its checkpoint (EXIT_STOPPED if it had nowhere to); the others
+    exit 0, so that no launcher takes them for a failure and ends the job."""
+
+    def __init__(self, saved, chief):
+        super().__init__("stopped by a signal")
+        self.saved, self.chief = saved, chief
 
 
 def first_line(error):
@@ -41,6 +57,8 @@ def run_cli(prog, main, argv=None, exit_at_once=False):
         else:
             _let_rank_0_speak()
         return 2
+    except Preempted as e:
+        exit_now(EXIT_PREEMPTED if e.chief and e.saved else EXIT_STOPPED if e.chief else 0)
     except TrainingStopped as e:
         if not e.quiet:
             sys.stderr.write(f"{prog}: error: {one_line(e)}\n")

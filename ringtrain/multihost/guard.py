@@ -6,7 +6,9 @@ the ssh connection, so that no process outlives the job on any host.
 It runs CMD in a process group of its own and watches its own stdin, which
 is the ssh channel: when that closes (the launcher stopped the task, died, or
 lost the connection), or when the guard gets SIGTERM or SIGHUP, it ends the
-whole group: SIGTERM, then SIGKILL after a grace period. It exits with CMD's
+whole group: SIGTERM, then SIGKILL after a grace period. A line `signal N`
+on stdin forwards signal N to the group instead (ssh carries no signals: this
+is how a launcher passes a scheduler's signal on). It exits with CMD's
 status, or 128 + N when a signal N ended CMD (the shell's convention).
 """
 import argparse
@@ -71,9 +73,14 @@ def main(argv=None):
         signal.signal(sig, lambda *_: threading.Thread(target=stop, daemon=True).start())
 
     def watch_connection():
-        # EOF on stdin: the ssh channel closed, so nobody waits for this task any more.
-        while os.read(sys.stdin.fileno(), 4096):
-            pass
+        # `signal N`: pass it on; EOF on stdin: the ssh channel closed, so nobody waits for this task any more.
+        for line in sys.stdin:
+            words = line.split()
+            if len(words) == 2 and words[0] == "signal" and words[1].isdigit():
+                try:
+                    os.killpg(child.pid, int(words[1]))
+                except (ProcessLookupError, ValueError):
+                    pass
         stop()
 
     threading.Thread(target=watch_connection, daemon=True).start()

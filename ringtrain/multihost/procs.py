@@ -129,6 +129,23 @@ class Process:
             return f"was killed by {_signal_name(code - 128)}"
         return f"exited with status {code}"
 
+    def send_signal(self, sig):
+        """Pass `sig` on to the task's process group: locally, or over ssh
+        through the remote guard (ssh itself carries no signals)."""
+        if self.popen.poll() is not None:
+            return
+        if self.remote:
+            try:
+                self.popen.stdin.write(f"signal {int(sig)}\n")
+                self.popen.stdin.flush()
+            except (OSError, ValueError):  # (the connection is gone: the guard ends the task)
+                pass
+            return
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
     def begin_stop(self):
         """Ask the tree to end: close the ssh connection, or SIGTERM locally."""
         self._tree = [self.popen.pid] + _descendants(self.popen.pid)

@@ -22,6 +22,15 @@ from dataclasses import dataclass
 from ringtrain.common.errors import TrainingStopped, UsageError, first_line
 
 RESUME = "resume with --resume"
+# The run a checkpoint folder belongs to: a scheduler's job, which a requeue starts again with the
+# same ID. A run that finds its own checkpoints there resumes from them without being asked.
+RUN_FILE = "ringtrain-run"
+RUN_ID_ENVS = ("RINGTRAIN_RUN_ID", "SLURM_JOB_ID")
+
+
+def run_id():
+    """This run's ID, where a scheduler gives one (a requeued SLURM job keeps its ID), else None."""
+    return next((os.environ[name] for name in RUN_ID_ENVS if os.environ.get(name)), None)
 
 
 @dataclass
@@ -67,6 +76,11 @@ class Checkpoints:
         --resume, a folder that already holds checkpoints is refused: a run
         must neither overwrite nor silently continue someone's training."""
         source = self.resume_from
+        if not source and self.latest and self._own_run():
+            source = "latest"
+            sys.stderr.write(f"{self.directory} holds this run's own checkpoints (run {run_id()}, started again by "
+                             f"its scheduler): resuming from the newest\n")
+            sys.stderr.flush()
         if not source:
             if self.latest:
                 raise UsageError(f"--checkpoint-dir {self.directory} already holds checkpoints (the newest is "
@@ -93,6 +107,13 @@ class Checkpoints:
             return progress
         raise UsageError(f"cannot restore checkpoint {path}: {error_reason(first_error)}")
 
+    def _own_run(self):
+        try:
+            with open(os.path.join(self.directory, RUN_FILE)) as f:
+                return run_id() is not None and f.read().strip() == run_id()
+        except OSError:
+            return False
+
     def due(self, step):
         """Whether a checkpoint is due after `step`: a multiple of --checkpoint-every
         was reached since the last one (PS steps can jump by several updates)."""
@@ -115,6 +136,9 @@ class Checkpoints:
             return self._last_saved[1]  # (the final checkpoint, when the last step was saved already)
         try:
             self._last_saved = (number, self.store.save(self.directory, number, progress))
+            if run_id() and not self._own_run():
+                with open(os.path.join(self.directory, RUN_FILE), "w") as f:
+                    f.write(run_id() + "\n")
             return self._last_saved[1]
         except Exception as e:  # noqa: BLE001 -- OSError, or TF's OpError for the same
             if not _is_write_failure(e):

@@ -91,7 +91,7 @@ def on_a_terminal(stream):
 
 def human_summary(s, path=None):
     workers = s.get("world_size")
-    lines = [f"done: {s.get('steps')} steps ({s.get('epochs') or 0:.2f} epochs) of {s.get('model')} "
+    lines = [f"{'stopped' if s.get('stopped') else 'done'}: {s.get('steps')} steps ({s.get('epochs') or 0:.2f} epochs) of {s.get('model')} "
              f"in {s.get('wall_time_sec') or 0:.1f} s, {s.get('mode')} mode, {workers} worker(s)"]
     if s.get("test_accuracy") is not None:
         lines.append(f"test accuracy {100 * s['test_accuracy']:.2f} % on {s.get('test_samples')} "

@@ -17,17 +17,19 @@ its own recipe and hands it over: ringtrain/train.py still reads top to
 bottom like Horovod's own examples.
 """
 import collections
+import sys
 import time
 
 import numpy as np
 
-from ringtrain.common.errors import TrainingStopped
+from ringtrain.common.errors import EXIT_PREEMPTED, EXIT_STOPPED, Preempted, TrainingStopped
 from ringtrain.workloads import snapshots as snapshots_
 from ringtrain.workloads.checkpoints import Checkpoints, Progress
 from ringtrain.workloads.console import Console
 from ringtrain.workloads.evaluation import Evaluation, evaluate
 from ringtrain.workloads.mode import Deferred, StragglerWait
 from ringtrain.workloads.outputs import parent_made
+from ringtrain.workloads.preemption import PREEMPTION, StopAgreement
 from ringtrain.workloads.scalars import Scalars
 from ringtrain.workloads.sources import synthetic_note
 from ringtrain.workloads.stall import StallWatchdog
@@ -80,10 +82,17 @@ class Training:
 
     def run(self):
         """Train from where the mode resumes to the last step, then finish the
-        run. Returns the summary on the chief."""
+        run. Returns the summary on the chief; after a scheduler's signal,
+        raises Preempted once the checkpoint of the agreed step is written."""
         restored = self.restore() if self.restores else None
-        with self.mode.session():
-            return self._run_from(self.mode.start(restored))
+        try:
+            with self.mode.session():
+                summary = self._run_from(self.mode.start(restored))
+        except Preempted:
+            self.mode.close()
+            raise
+        self.mode.close()
+        return summary
 
     def _run_from(self, start):
         mode, c = self.mode, self.config.loop
@@ -99,6 +108,7 @@ class Training:
         if watchdog.describe():
             self.console.line(watchdog.describe())
         watchdog.start()
+        PREEMPTION.defer()  # (a signal from here on stops training at an agreed step)
         try:
             return self._train(watchdog, _LoopState(self, total, start))
         except Exception as e:
@@ -113,11 +123,11 @@ class Training:
         in_step = mode.straggler is StragglerWait.IN_STEP
         slowdown = Slowdown(c.straggler if mode.straggler is StragglerWait.IN_LOOP else None,
                             self.identity.local_workers[0])
-        pending = collections.deque()
+        pending, stop = collections.deque(), StopAgreement(self.agree)
         state.snapshots.start_clock()
         wall_start = time.perf_counter()
         for epoch, done_in_epoch, batch in mode.batches(state.start):
-            if state.finished():
+            if state.finished() or state.stopped:
                 break
             number = state.started = state.started + 1
             factors = ([c.straggler.extra(w, number) if c.straggler else 0.0 for w in self.identity.local_workers]
@@ -127,6 +137,7 @@ class Training:
             pending.append((number, (epoch, done_in_epoch), result))
             while len(pending) > mode.lag:
                 state.finish_step(watchdog, *pending.popleft())
+            state.stopped = stop.stop_after(number)  # a signal: every process stops after the same step
         while pending:
             state.finish_step(watchdog, *pending.popleft())
         wall_seconds = time.perf_counter() - wall_start
@@ -134,9 +145,10 @@ class Training:
         return self._finish(watchdog, state, slowdown, wall_seconds)
 
     def _finish(self, watchdog, state, slowdown, wall_seconds):
-        """The evaluation, every process's report, the final checkpoint and the summary."""
+        """The evaluation, every process's report, the final checkpoint and the
+        summary; after a signal, no evaluation, and Preempted once all is written."""
         mode, c = self.mode, self.config.loop
-        evaluation = self._evaluate()
+        evaluation = Evaluation() if state.stopped else self._evaluate()
         waits = state.waited + slowdown.waited
         mine = dict(state.timer.report(), waited_per_worker=waits.tolist(), loss_sum=state.losses.last_sum,
                     loss_count=state.losses.last_count, skipped_steps=state.skipped, rank=self.agree.rank,
@@ -147,11 +159,13 @@ class Training:
         if c.dump_weights:
             np.savez(parent_made(c.dump_weights.format(rank=self.agree.rank)), *[value for _, value in mode.weights()])
         if reports is None:
-            return None
+            return self.preempted(state, None) if state.stopped else None
         reports = sorted(reports, key=lambda r: r["rank"])
         own = mode.summary_fields(reports)
         steps = own.pop("steps", state.update)  # (a PS job's updates, once every worker has reported)
         final = state.final_checkpoint(steps)
+        if state.stopped:
+            final = self.say_stopped(final, steps)
         if evaluation.samples:
             state.scalars.write(state.update, {"test/accuracy": evaluation.accuracy, "test/loss": evaluation.loss})
         state.scalars.close()
@@ -168,9 +182,35 @@ class Training:
             train_loss=sum(float("nan") if r["loss_sum"] is None else r["loss_sum"] for r in reports) / count
             if count else None,
             evaluation=evaluation, wall_seconds=wall_seconds, reports=reports,
-            **dict(shared, **own))  # (a mode's own fields win)
+            **dict(shared, **own, **self.stop_fields(state, steps)))  # (a mode's own fields win)
         self.console.finish(summary, c.summary_json)
-        return summary
+        return self.preempted(state, final) if state.stopped else summary
+
+    @staticmethod
+    def stop_fields(state, steps):
+        if not state.stopped:
+            return {}
+        return {"stopped": {"signal": PREEMPTION.signal, "step": steps}}
+
+    def say_stopped(self, final, steps):
+        """After a signal, the checkpoint of the agreed step written: the chief's one
+        line, at once (mpirun gives its ranks a second between SIGTERM and SIGKILL).
+        Processes in lockstep wait for the chief's save first: a launcher that saw
+        one of them leave would end the chief in its save. Returns the checkpoint."""
+        if self.agree.in_lockstep and self.agree.size > 1:
+            final = self.agree.broadcast(final)
+        if self.chief:
+            where = f"by {PREEMPTION.signal}" if PREEMPTION.requested else "by a signal to another process of the job"
+            what = (f"checkpoint {final} written: run the same command with --resume to go on" if final else
+                    "no --checkpoint-dir, so nothing was saved: a rerun starts over")
+            sys.stderr.write(f"{self.identity.prog}: stopped {where} after step {steps}, agreed by every "
+                             f"{self.identity.worker_word}; {what} (exit {EXIT_PREEMPTED if final else EXIT_STOPPED})\n")
+            sys.stderr.flush()
+        return final
+
+    def preempted(self, state, final):
+        """Training stopped on a signal, all written: every process leaves (common/errors.Preempted)."""
+        raise Preempted(saved=bool(final), chief=self.chief)
 
     def describe_step(self):
         """The first line's account of one update: its micro-batches, its precision."""
@@ -219,6 +259,7 @@ class _LoopState:
         c, mode = training.config.loop, training.mode
         self.training, self.mode, self.total, self.start = training, mode, total, start
         self.started = self.done = start.step  # steps started, and finished
+        self.stopped = False  # every process agreed to stop on a signal
         self.update, self.where, self.seen, self.skipped, self.overflows = start.step, None, 0.0, 0, 0
         self.samples_per_update = mode.samples_per_update or training.step_workers * training.config.data.per_update
         self.timer, self.losses = StepTimer(c.warmup_steps), LossWindow(training.agree)

@@ -57,6 +57,14 @@ class Agreement(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__}: processes that step on their own cannot sum between "
                                   "steps")
 
+    def stop_raised(self, mine):
+        """Whether any process of the run was sent a scheduler's signal (`mine`:
+        this one was), where the processes do not step together: a flag each
+        raises and reads. One process alone: its own."""
+        if self.size > 1:
+            raise NotImplementedError(f"{type(self).__name__}: a stop flag its processes share")
+        return mine
+
     def over_processes(self, values):
         """`values` summed over the processes where they are in lockstep; where
         each steps on its own, this process's own (it speaks for itself)."""
@@ -217,6 +225,10 @@ class Mode(abc.ABC):
     def report(self):
         """This process's own fields of its end-of-run report."""
         return {}
+
+    def close(self):
+        """After training, done or stopped by a signal, out of its session: what the
+        mode does last (a PS chief tells its server tasks that training is over)."""
 
     def after_step(self, number, progress):
         """After each finished step `number`; `progress`: where training stands
