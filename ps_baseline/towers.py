@@ -119,7 +119,7 @@ class Towers(Mode):
 
 
 def make_train_step(tf, model, optimizer, devices, loss_scale=None):
-    from ringtrain.workloads.gradients import accumulated, apply_if_finite, overflowed
+    from ringtrain.workloads.gradients import accumulated, apply_if_finite, rescaled
     from ringtrain.workloads.straggler import wait_after
     from ringtrain.workloads.tfenv import step_function
     k = len(devices)
@@ -143,12 +143,10 @@ def make_train_step(tf, model, optimizer, devices, loss_scale=None):
         with tf.device("/device:CPU:0"):
             mean = [tf.add_n(list(per_var)) / k for per_var in zip(*grads)]
             applied = apply_if_finite(optimizer, mean, model.trainable_variables)
-            with tf.control_dependencies([applied]):
-                rescaled = loss_scale.update(applied) if loss_scale else tf.no_op()
             broke = tf.logical_not(tf.math.is_finite(tf.stack(loss_sums)))
             total = tf.add_n(loss_sums)
-            with tf.control_dependencies([rescaled]):
-                return (total, tf.add_n(counts), tf.identity(applied), broke, tf.stack(waits),
-                        overflowed(tf, applied, total, loss_scale))
+            moved, overflow = rescaled(tf, loss_scale, applied, total)
+            with tf.control_dependencies([moved]):
+                return total, tf.add_n(counts), tf.identity(applied), broke, tf.stack(waits), tf.identity(overflow)
 
     return train_step

@@ -51,6 +51,7 @@ class ClientGraph:
     simulated: bool
     ps_bytes: list
     shutdown: list  # one enqueue per serving task (PS tasks, other workers)
+    scale: object   # float16's loss scale, as this step read it (1 without one)
 
 
 def build_graph(tf, config, ps, cluster_spec, image_shape):
@@ -104,7 +105,7 @@ def build_graph(tf, config, ps, cluster_spec, image_shape):
     per_ps = placement.describe(tf.compat.v1.trainable_variables())[1]
     return ClientGraph(towers, test_feeds, train_op, finite, applied_step, global_step, test_metrics, model_variables,
                    models.is_simulated(model), [per_ps.get(f"/job:ps/task:{i}", 0) for i in range(num_ps)],
-                   shutdown)
+                   shutdown, scale if scale is not None else tf.constant(1.0))
 
 
 def train(config, ps, cluster, task, dataset):
@@ -178,12 +179,12 @@ class InGraph(GraphMode):
         # PS: the client feeds every tower: its bandwidth caps in-graph replication.
         g = self.g
         feed = {**feed, **{tower.extra: factor for tower, factor in zip(g.towers, straggler)}}
-        _, loss_sums, counts, finite, applied_step, waits = self.sessions.monitored.run(
+        _, loss_sums, counts, finite, applied_step, waits, scale = self.sessions.monitored.run(
             [g.train_op, [t.loss_sum for t in g.towers], [t.count for t in g.towers], g.finite, g.applied_step,
-             [t.waited for t in g.towers]], feed)
+             [t.waited for t in g.towers], g.scale], feed)
         broke = tuple(i for i, loss in enumerate(loss_sums) if not math.isfinite(loss))
-        # (float16: gradients that overflowed at the loss scale, from a finite loss, are not divergence)
-        overflow = self.config.model.loss_scaled and not finite and not broke
+        # (float16: gradients that overflowed at a loss scale above 1, from a finite loss, are not divergence)
+        overflow = not finite and scale > 1 and not broke
         return StepResult(sum(loss_sums), sum(counts), bool(finite), broke=broke, waited=waits, overflow=overflow)
 
     def summary_fields(self, reports):

@@ -206,7 +206,7 @@ def per_worker_dataset(tf, config, source, num_workers, per_epoch, worker_steps)
 
 
 def make_worker_step(tf, strategy, state, num_workers):
-    from ringtrain.workloads.gradients import accumulated, apply_if_finite, overflowed
+    from ringtrain.workloads.gradients import accumulated, apply_if_finite, rescaled
     from ringtrain.workloads.straggler import wait_after
     from ringtrain.workloads.tfenv import step_function
     model, optimizer, global_step, loss_scale = state.model, state.optimizer, state.global_step, state.loss_scale
@@ -220,16 +220,14 @@ def make_worker_step(tf, strategy, state, num_workers):
                 loss_sum, samples, grads = accumulated(tf, model, batch, batch[3] / num_workers, loss_scale)
             grads, waited = wait_after(tf, grads, started, extra)  # --straggler, on the straggler only
             applied = apply_if_finite(optimizer, grads, model.trainable_variables)
-            with tf.control_dependencies([applied]):
-                rescaled = loss_scale.update(applied) if loss_scale else tf.no_op()
+            moved, overflow = rescaled(tf, loss_scale, applied, loss_sum)
             update = global_step.assign_add(1)
             state.worker_steps.scatter_add(tf.IndexedSlices(tf.ones([1], tf.int64), tf.reshape(worker, [1])))
             stale = update - read_step - 1
             state.stale_sum.assign_add(stale)
             state.stale_max.assign(tf.maximum(state.stale_max, stale))
-            with tf.control_dependencies([rescaled]):
-                return (loss_sum, samples, tf.identity(applied), update, worker, waited,
-                        overflowed(tf, applied, loss_sum, loss_scale))
+            with tf.control_dependencies([moved]):
+                return loss_sum, samples, tf.identity(applied), update, worker, waited, tf.identity(overflow)
         # PS: runs on whichever worker the coordinator picks; variables live on the PS tasks.
         return strategy.run(step, args=next(iterator))
 

@@ -54,6 +54,7 @@ class ReplicaGraph:
     release_workers: object  # sync: tokens that free workers still waiting for one
     simulated: bool        # on the simulated accelerator: nothing worth evaluating
     uninitialized: object = None  # non-chief: how many shared variables are not initialised yet
+    scale: object = None           # float16's loss scale, as this step read it (1 without one)
 
 
 def build_graph(tf, config, ps, cluster_spec, task, num_workers, image_shape):
@@ -107,7 +108,7 @@ def build_graph(tf, config, ps, cluster_spec, task, num_workers, image_shape):
         [per_ps.get(f"/job:ps/task:{i}", 0) for i in range(cluster_spec.num_tasks("ps"))],
         report_ops, announce_ops, shutdown_ps,
         optimizer.get_init_tokens_op(num_tokens=num_workers) if ps.sync else None, models.is_simulated(model),
-        uninitialized)
+        uninitialized, scale if scale is not None else tf.constant(1.0))
 
 
 def counters(tf, num_workers):
@@ -239,11 +240,11 @@ class BetweenGraph(GraphMode):
 
     def step(self, number, feed, straggler):
         g = self.g
-        _, loss_sum, count, finite, read_step, global_step, self.my_steps = self.sessions.monitored.run(
-            [g.train_op, g.loss_sum, g.count, g.finite, g.read_step, g.applied_step, g.count_my_step], feed)
+        _, loss_sum, count, finite, read_step, global_step, self.my_steps, scale = self.sessions.monitored.run(
+            [g.train_op, g.loss_sum, g.count, g.finite, g.read_step, g.applied_step, g.count_my_step, g.scale], feed)
         self.staleness.add(read_step, global_step)
-        # (float16: gradients that overflowed at the loss scale, from a finite loss, are not divergence)
-        overflow = self.config.model.loss_scaled and not finite and math.isfinite(loss_sum)
+        # (float16: gradients that overflowed at a loss scale above 1, from a finite loss, are not divergence)
+        overflow = not finite and scale > 1 and math.isfinite(loss_sum)
         return StepResult(loss_sum, count, bool(finite), update=int(global_step), overflow=overflow)
 
     def report(self):

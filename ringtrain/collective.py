@@ -139,7 +139,7 @@ def connect(tf, communication="RING"):
 
 
 def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=None):
-    from ringtrain.workloads.gradients import accumulated, apply_if_finite, overflowed
+    from ringtrain.workloads.gradients import accumulated, apply_if_finite, rescaled
     from ringtrain.workloads.tfenv import step_function
 
     def average_statistics():
@@ -158,10 +158,9 @@ def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=No
         # collective) and applies the sum on every worker alike; the workers first agree
         # whether it is finite, so that all of them apply it, or skip it, together.
         applied = apply_if_finite(optimizer, grads, model.trainable_variables, agree=True)
-        with tf.control_dependencies([applied]):
-            rescaled = loss_scale.update(applied) if loss_scale else tf.no_op()
-        with tf.control_dependencies([rescaled]):
-            return loss_sum, samples, tf.identity(applied), overflowed(tf, applied, loss_sum, loss_scale)
+        moved, overflow = rescaled(tf, loss_scale, applied, loss_sum)
+        with tf.control_dependencies([moved]):
+            return loss_sum, samples, tf.identity(applied), tf.identity(overflow)
 
     @step_function
     def train_step(images, labels, weights, global_count):

@@ -127,7 +127,7 @@ class RingMode(SynchronousMode):
 def make_train_step(hvd, horovod, model, optimizer, statistics=(), loss_scale=None):
     import numpy as np
     import tensorflow as tf
-    from ringtrain.workloads.gradients import accumulated, apply_if_finite, overflowed
+    from ringtrain.workloads.gradients import accumulated, apply_if_finite, rescaled
     from ringtrain.workloads.tfenv import step_function
     # Horovod: fp16 compression and Adasum are options; Average is the default.
     compression = hvd.Compression.fp16 if horovod.fp16_allreduce else hvd.Compression.none
@@ -158,10 +158,9 @@ def make_train_step(hvd, horovod, model, optimizer, statistics=(), loss_scale=No
         # Horovod: after the allreduce every rank holds the same gradients, so every rank
         # applies them, or skips a non-finite update, alike.
         applied = apply_if_finite(optimizer, grads, model.trainable_variables)
-        with tf.control_dependencies([applied]):
-            rescaled = loss_scale.update(applied) if loss_scale else tf.no_op()
-        with tf.control_dependencies([rescaled]):
-            return loss_sum, samples, tf.identity(applied), overflowed(tf, applied, loss_sum, loss_scale)
+        moved, overflow = rescaled(tf, loss_scale, applied, loss_sum)
+        with tf.control_dependencies([moved]):
+            return loss_sum, samples, tf.identity(applied), tf.identity(overflow)
 
     return train_step
 

@@ -6,9 +6,16 @@ reads it (each epoch, in each process; inside TF2 PS's dataset function on
 the workers), so it must build the same dataset each time, and from
 TensorFlow's ops (a tf.py_function cannot run on a remote worker).
 
-At the start it is read once, in a graph of its own, to count it and find
-its labels' range; its length then need not be known. Imports TensorFlow."""
-from ringtrain.common.errors import UsageError, first_line
+At the start it is read once, to count it and find its labels' range (its
+length need not be known), in a process of its own: TensorFlow's runtime
+started there, not in the trainer, whose thread pools and execution mode
+each mode still sets. Imports TensorFlow."""
+import json
+import os
+import subprocess
+import sys
+
+from ringtrain.common.errors import UsageError, first_line, one_line
 from ringtrain.workloads.user_models import function_named
 
 
@@ -17,16 +24,32 @@ def open_factory(name, flag="--data"):
     its test split where it returns a pair, counted and checked; make(tf)
     builds the dataset in the graph at hand."""
     from ringtrain.workloads.tfenv import import_tensorflow_quietly
+    done = subprocess.run([sys.executable, "-m", "ringtrain.workloads.factories", name, flag], capture_output=True,
+                          text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    if done.returncode != 0:
+        said = [line for line in done.stderr.splitlines() if line.strip()]
+        raise UsageError(said[-1] if done.returncode == 2 and said else
+                         f"{flag} {name}: reading it failed ({said[-1] if said else f'exit {done.returncode}'})")
+    import_tensorflow_quietly()  # (before the user's module imports it: its start-up lines kept off stderr)
+    function, counted = function_named(name, flag), json.loads(done.stdout.splitlines()[-1])
+    return [(lambda tf, which=which: _made(tf, function, name, flag)[which], count, (low, high))
+            for which, (count, low, high) in enumerate(counted)]
+
+
+def main(name, flag):
+    """In a process of its own: each split's [records, lowest label, highest label], as JSON."""
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly
     tf = import_tensorflow_quietly()
-    function = function_named(name, flag)
-    with tf.Graph().as_default():  # (no eager dataset: a graph-mode PS process turns eager execution off later)
-        parts = _made(tf, function, name, flag)
-    splits = []
-    for which in range(len(parts)):
-        make = lambda tf, which=which: _made(tf, function, name, flag)[which]
-        count, low, high = _count(tf, make, name, flag)
-        splits.append((make, count, (low, high)))
-    return splits
+    try:
+        function = function_named(name, flag)
+        parts = len(_made(tf, function, name, flag))
+        counted = [_count(tf, lambda tf, which=which: _made(tf, function, name, flag)[which], name, flag)
+                   for which in range(parts)]
+    except UsageError as e:
+        sys.stderr.write(one_line(e) + "\n")
+        return 2
+    print(json.dumps(counted), flush=True)
+    return 0
 
 
 def _made(tf, function, name, flag):
@@ -69,3 +92,7 @@ def _count(tf, make, name, flag):
     if not count:
         raise UsageError(f"{flag} {name}'s dataset is empty: it must give (image, label) elements")
     return count, low, high
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))

@@ -132,8 +132,9 @@ PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
 def add_data_flags(g):
-    g.add_argument("--data", metavar="SOURCE",
-                   help="the training data: a glob of TFRecord files of tf.train.Example (e.g. '/data/train-*'), "
+    g.add_argument("--data", metavar="SOURCE", nargs="+", type=str,
+                   help="the training data: a glob of TFRecord files of tf.train.Example (e.g. '/data/train-*', or "
+                        "the files the shell expanded it to), "
                         "a folder of class folders of images, package.module:function (a factory returning a "
                         "tf.data.Dataset of (image, label), or a (train, test) pair), or mnist, cifar10, synthetic "
                         "(random images: learns nothing). Default: the model's own; the embedded MNIST for models of "
@@ -243,6 +244,8 @@ def load_training_data(args, workers=None):
         raise UsageError(f"--precision {args.precision}: the simulated accelerator computes nothing: drop it")
     if args.data is None:
         args.data = spec.default_dataset
+    elif isinstance(args.data, list):  # (a glob the shell expanded is its files)
+        args.data = args.data[0] if len(args.data) == 1 else tuple(args.data)
     own = spec.image_shape
     if args.image_shape and own and tuple(args.image_shape) != own and not simulated:
         raise UsageError(f"--image-shape: {args.model} takes {'x'.join(map(str, own))} images (every source is "

@@ -69,7 +69,7 @@ class SkipNonFinite:
         applied = tf.cond(finite, lambda: self._apply(grads_and_vars), lambda: tf.constant(False))
         with tf.control_dependencies([applied]):
             count = tf.cond(applied, lambda: tf.identity(self.skipped), lambda: self.skipped.assign_add(1))
-            rescaled = self.loss_scale.update(applied) if self.loss_scale else tf.no_op()
+            rescaled = self.loss_scale.update(applied)[0] if self.loss_scale else tf.no_op()
             with tf.control_dependencies([count, rescaled]):
                 return global_step.assign_add(1).op if global_step is not None else tf.no_op()
 
@@ -101,22 +101,31 @@ class LossScale:
     def variables(self):
         return {"loss_scale": self.scale, "loss_scale_finite_updates": self.finite_updates}
 
-    def update(self, applied):
-        """The scale after an update: applied (finite), or skipped (overflowed)."""
+    def update(self, applied, loss_sum=None):
+        """The scale after an update: applied (finite), or skipped (overflowed).
+        Returns (the op, whether the loss scale explains the skip: the loss was
+        finite and the scale still above 1, so that --on-nan does not stop for
+        it; below that, a non-finite gradient is divergence)."""
         tf = self.tf
+        before = tf.identity(self.scale)
         count = tf.where(applied, self.finite_updates + 1, tf.constant(0, tf.int64))
         grow = count >= self.GROWTH
-        scale = tf.where(applied, tf.where(grow, self.scale * 2.0, self.scale), tf.maximum(self.scale / 2.0, 1.0))
-        return tf.group(self.scale.assign(scale), self.finite_updates.assign(tf.where(grow, tf.zeros_like(count),
-                                                                                      count)))
+        scale = tf.where(applied, tf.where(grow, before * 2.0, before), tf.maximum(before / 2.0, 1.0))
+        op = tf.group(self.scale.assign(scale), self.finite_updates.assign(tf.where(grow, tf.zeros_like(count),
+                                                                                   count)))
+        overflow = tf.logical_and(tf.logical_not(applied), before > 1.0)
+        if loss_sum is not None:
+            overflow = tf.logical_and(overflow, tf.math.is_finite(loss_sum))
+        return op, overflow
 
 
-def overflowed(tf, applied, loss_sum, loss_scale):
-    """A skipped update that the loss scale explains (its gradients overflowed,
-    its loss is finite): not divergence, so --on-nan does not stop for it."""
+def rescaled(tf, loss_scale, applied, loss_sum):
+    """After an update: float16's loss scale moved (an op, or nothing without
+    one), and whether the update was skipped for an overflow the scale explains."""
     if loss_scale is None:
-        return tf.constant(False)
-    return tf.logical_and(tf.logical_not(applied), tf.math.is_finite(loss_sum))
+        return tf.no_op(), tf.constant(False)
+    with tf.control_dependencies([applied]):
+        return loss_scale.update(applied, loss_sum)
 
 
 def accumulated(tf, model, batch, divisor, loss_scale=None, exchange=None, after_forward=None):

@@ -104,6 +104,7 @@ class RecordSplit:
     image_key: str = tfrecords.IMAGE_KEY
     label_key: str = tfrecords.LABEL_KEY
     random_access = in_memory = False
+    CYCLE = 4  # files read side by side
 
     @property
     def count(self):
@@ -111,14 +112,17 @@ class RecordSplit:
 
     def stream(self, tf, files):
         """The records of `files`, in that order (serialized Examples)."""
-        if not any(self.bad.get(f) for f in files):
-            return tf.data.TFRecordDataset(list(files))
-        keys = [f"{f}#{n}" for f in files for n in self.bad.get(f, ())]
+        files = tf.data.Dataset.from_tensor_slices(list(files))
+        # (a few files read side by side, a record of each in turn: mixed, in one order every time)
+        read = lambda make: files.interleave(make, cycle_length=min(len(self.files), self.CYCLE),
+                                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if not self.bad:
+            return read(tf.data.TFRecordDataset)
+        keys = [f"{f}#{n}" for f, numbers in self.bad.items() for n in numbers]
         left_out = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(keys, [1] * len(keys)), 0)
-        per_file = tf.data.Dataset.from_tensor_slices(list(files)).flat_map(
-            lambda f: tf.data.TFRecordDataset(f).enumerate().map(
-                lambda n, record: (tf.strings.join([f, "#", tf.strings.as_string(n)]), record)))
-        return per_file.filter(lambda key, record: tf.equal(left_out.lookup(key), 0)).map(lambda key, record: record)
+        numbered = read(lambda f: tf.data.TFRecordDataset(f).enumerate().map(
+            lambda n, record: (tf.strings.join([f, "#", tf.strings.as_string(n)]), record)))
+        return numbered.filter(lambda key, record: tf.equal(left_out.lookup(key), 0)).map(lambda key, record: record)
 
     def decode(self, tf, channels, record):
         parsed = tf.io.parse_single_example(record, {
@@ -225,7 +229,7 @@ def open_source(request, image_shape, model_classes=None, model="the model"):
     """The Source `request` names, checked, its images read at `image_shape`;
     `model_classes`: the classes a catalog model has (None: a model of the
     user's own, built for the data's classes)."""
-    if request.data in BUILTIN:
+    if isinstance(request.data, str) and request.data in BUILTIN:
         loaded = builtin.load(request.data, request.data_dir, image_shape, request.seed)
         source = Source(request.data, loaded.source, tuple(image_shape), builtin.NUM_CLASSES,
                         ArraySplit(loaded.train_images, loaded.train_labels),
@@ -246,8 +250,8 @@ def open_source(request, image_shape, model_classes=None, model="the model"):
 
 def _open_files(request, image_shape):
     kind, train, test = _open(request.data, request, "--data")
-    where = request.data
-    if test is None and not request.test_data:
+    where = request.data if isinstance(request.data, str) else f"{request.data[0]} and {len(request.data) - 1} more"
+    if test is None and not request.test_data and isinstance(request.data, str):
         sibling = _sibling(request.data)
         if sibling:
             test = _open(sibling, request, f"--data's test split {sibling}", classes_of(train))[1]
@@ -256,7 +260,14 @@ def _open_files(request, image_shape):
 
 
 def _open(text, request, flag, classes=None):
-    """(kind, split, a factory's test split or None) of what `text` names."""
+    """(kind, split, a factory's test split or None) of what `text` names
+    (a tuple: the files of a glob the shell expanded)."""
+    if isinstance(text, tuple):
+        missing = [f for f in text if not os.path.isfile(f)]
+        if missing:
+            raise UsageError(f"{flag}: {missing[0]} is not a file: give a glob of TFRecord files (quoted, e.g. "
+                             "'/data/train-*'), or the files themselves")
+        return "tfrecord", _record_split(sorted(text), request), None
     if user_models.FACTORY.match(text) and not os.path.exists(text):
         from ringtrain.workloads import factories
         splits = []
