@@ -45,3 +45,16 @@ def cluster():
 def cluster_to_crash():
     """3 hosts for one test that may pull a host's plug (simcluster.crash)."""
     yield from _three_hosts("rtc")
+
+
+@pytest.fixture(scope="session")
+def mnist_records(tmp_path_factory):
+    """The embedded MNIST digits as TFRecords, as TensorFlow's writer writes them:
+    train-0000i-of-00004 (4000 digits, in a random order) and validation-* (1000).
+    The glob of the training files."""
+    from ringtrain.workloads import data, writers
+    folder = tmp_path_factory.mktemp("mnist-records")
+    digits = data.load("mnist")
+    writers.write_tfrecords(digits.train_images, digits.train_labels, str(folder / "train"), files=4)
+    writers.write_tfrecords(digits.test_images, digits.test_labels, str(folder / "validation"), files=2)
+    return str(folder / "train-*")

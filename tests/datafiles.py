@@ -46,3 +46,66 @@ def write_cifar10(folder, per_batch=20, n_test=20, seed=0):
             pickle.dump({b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
                          b"labels": rng.integers(0, 10, n).tolist()}, f)
     return folder
+
+
+# --- images and TFRecords, written without TensorFlow (small ones, for the checks) ----------
+
+def png(image):
+    """A uint8 HxWxC image (C 1 or 3) as PNG bytes."""
+    import struct
+    import zlib
+    height, width, channels = image.shape
+    raw = b"".join(b"\x00" + image[y].tobytes() for y in range(height))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    header = struct.pack(">IIBBBBB", width, height, 8, {1: 0, 3: 2}[channels], 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def _varint(n):
+    out = bytearray()
+    n &= (1 << 64) - 1
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _field(number, payload):
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def example(features):
+    """A serialized tf.train.Example: {key: bytes (a BytesList) or int (an Int64List)}."""
+    entries = b""
+    for key, value in features.items():
+        feature = _field(1, _field(1, value)) if isinstance(value, bytes) else _field(3, _field(1, _varint(value)))
+        entries += _field(1, _field(1, key.encode()) + _field(2, feature))
+    return _field(1, entries)
+
+
+def write_tfrecord(path, records):
+    """TFRecord framing: length, its masked CRC-32C, the data, its masked CRC-32C."""
+    import struct
+    from ringtrain.workloads.tfrecords import masked_crc
+    with open(path, "wb") as f:
+        for data in records:
+            header = struct.pack("<Q", len(data))
+            f.write(header + struct.pack("<I", masked_crc(header)) + data + struct.pack("<I", masked_crc(data)))
+    return path
+
+
+def digit_records(images, labels, image_key="image/encoded", label_key="image/class/label"):
+    return [example({image_key: png(image), label_key: int(label)}) for image, label in zip(images, labels)]
+
+
+def write_images(root, images, labels, names):
+    """ROOT/NAME/i.png for each image, in its label's class folder."""
+    for name in names:
+        os.makedirs(os.path.join(root, name), exist_ok=True)
+    for i, (image, label) in enumerate(zip(images, labels)):
+        with open(os.path.join(root, names[label], f"{i:04d}.png"), "wb") as f:
+            f.write(png(image))
+    return root

@@ -1,6 +1,6 @@
 """What the data's checks found, kept per file (or folder) so that the next
 run, and the other processes on the host, need not read it all again. One
-JSON file per key under $RINGTRAIN_CACHE (default ~/.cache/ringtrain)/data;
+JSON file per key under $RINGTRAIN_DATA_CACHE (default ~/.cache/ringtrain/data);
 a key holds what identifies the input (its path, size and modification
 time), so that a changed file is read again. Where the folder cannot be
 written, nothing is kept."""
@@ -14,7 +14,8 @@ import numpy as np
 
 
 def folder():
-    return os.path.join(os.environ.get("RINGTRAIN_CACHE") or os.path.expanduser("~/.cache/ringtrain"), "data")
+    return os.environ.get("RINGTRAIN_DATA_CACHE") or os.path.join(
+        os.environ.get("RINGTRAIN_CACHE") or os.path.expanduser("~/.cache/ringtrain"), "data")
 
 
 def cached(key, compute):

@@ -254,7 +254,7 @@ def _open_files(request, image_shape):
     if test is None and not request.test_data and isinstance(request.data, str):
         sibling = _sibling(request.data)
         if sibling:
-            test = _open(sibling, request, f"--data's test split {sibling}", classes_of(train))[1]
+            test = _open(sibling, request, "--data's test split", classes_of(train))[1]
     skipped = getattr(train, "dropped", []) + (getattr(test, "dropped", []) if test is not None else [])
     return Source(kind, where, tuple(image_shape), _classes_found(train, test), train, test, skipped=skipped)
 
