@@ -179,10 +179,11 @@ def checkpoint_step(folder):
         return int(re.search(r'model_checkpoint_path: ".*-(\d+)"', f.read()).group(1))
 
 
-def assert_checkpoint_is_one_process_on_the_global_batch(checkpoint_dir, steps, lr, batch, workers):
+def assert_checkpoint_is_one_process_on_the_global_batch(checkpoint_dir, steps, lr, batch, workers, accumulate=1):
     """Sync PS (K = W) with plain SGD on mnist_mlp, seed 0, no dropout: the
     chief's checkpoint equals one process stepping on the workers' batches
-    taken together (the global batch)."""
+    taken together (the global batch), each worker's `accumulate` micro-batches
+    of `batch` included."""
     import tensorflow as tf
     from ringtrain.workloads import data, models
     from ringtrain.workloads.data import as_float
@@ -192,13 +193,14 @@ def assert_checkpoint_is_one_process_on_the_global_batch(checkpoint_dir, steps, 
     reference = models.build("mnist_mlp", seed=0)
     shards = [epoch_shard(len(dataset.train_labels), r, workers, batch, 0, 0) for r in range(workers)]
     for step in range(steps):
-        rows = slice(step * batch, (step + 1) * batch)
-        idx = np.concatenate([s.indices[rows] for s in shards])
-        sample_weights = np.concatenate([s.weights[rows] for s in shards])
+        micro = range(step * accumulate, (step + 1) * accumulate)
+        rows = [slice(m * batch, (m + 1) * batch) for m in micro]
+        idx = np.concatenate([s.indices[r] for r in rows for s in shards])
+        sample_weights = np.concatenate([s.weights[r] for r in rows for s in shards])
         with tf.GradientTape() as tape:
             losses = models.per_example_loss(reference(as_float(dataset.train_images[idx]), True),
                                              dataset.train_labels[idx])
-            loss = tf.reduce_sum(sample_weights * losses) / shards[0].global_counts[step]
+            loss = tf.reduce_sum(sample_weights * losses) / shards[0].global_counts[list(micro)].sum()
         grads = tape.gradient(loss, reference.trainable_variables)
         for v, g in zip(reference.trainable_variables, grads):
             v.assign_sub(lr * g)

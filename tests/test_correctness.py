@@ -2,7 +2,8 @@
 batch b end with identical weights (bit for bit) that equal one process
 trained on batch 2b, to float tolerance. One run per launcher proves both,
 on this machine and across simulated hosts, for Horovod (MPI and Gloo) and
-for TensorFlow's collective mode."""
+for TensorFlow's collective mode; two of them as 2 micro-batches of b/2 per
+update (--accumulate 2), Horovod's and TF's."""
 import json
 import os
 
@@ -27,8 +28,13 @@ def one_process_on_the_global_batch(tmp_path_factory):
     return weights(dump, 0)
 
 
+# Two launchers' runs take each update as 2 micro-batches of 8 (--accumulate 2): the same updates.
+ACCUMULATED = {"horovodrun-gloo", "tf-collective-tf-config"}
+
+
 def on_this_machine(launcher, dump, tmp_path):
-    args = [*DETERMINISTIC, "--batch-size", "16", "--dump-weights", dump]
+    batch = ["--batch-size", "8", "--accumulate", "2"] if launcher in ACCUMULATED else ["--batch-size", "16"]
+    args = [*DETERMINISTIC, *batch, "--dump-weights", dump]
     if launcher == "tf-collective-tf-config":
         return tf_config_workers(args, tmp_path)
     cmd = {"horovodrun": lambda: horovodrun(2, *args),

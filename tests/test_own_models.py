@@ -52,6 +52,9 @@ def test_sync_batch_norm_makes_two_ranks_one_process_on_the_global_batch(tmp_pat
                  env=EXAMPLES_ENV, timeout=240)
     summary = last_json(out)
     assert USUAL_FIELDS <= set(summary) and summary["world_size"] == 2 and summary["model"] == "my_model:small_cnn"
+    # without --data, a model of your own trains on the embedded MNIST, resized to its input (32x32x3)
+    assert summary["data"] == "mnist" and summary["data_source"].startswith("embedded:")
+    assert "read at 32x32x3" in out
     run_ok(mpirun(2, *DETERMINISTIC, "--sync-batch-norm", "--batch-size", "8", "--backend", "tf-collective",
                   "--dump-weights", collective), env=EXAMPLES_ENV, timeout=240)
     reference = weights(one, 0)

@@ -49,15 +49,18 @@ def rank(job, number, variable="OMPI_COMM_WORLD_RANK"):
     raise AssertionError(f"no rank {number} under {job.pid}")
 
 
-def test_ctrl_c_stops_ring_ranks_at_one_step_and_the_resumed_run_ends_as_if_never_stopped(tmp_path):
+def test_ctrl_c_stops_ring_ranks_at_one_step_and_the_resumed_run_ends_as_if_never_stopped(tmp_path, mnist_records):
     """Ctrl-C at a terminal reaches mpirun's process group (its ranks have groups
     of their own), twice here: mpirun passes SIGTERM on to its ranks after
     odls_base_sigkill_timeout seconds (1 by default, too short for a machine as
     busy as this one; the sbatch script sets 12), and SIGKILL as long after
     that. The second Ctrl-C must change nothing. mpirun, interrupted, exits
-    with a status of its own."""
+    with a status of its own. Read from TFRecord files (each rank its own):
+    the checkpoint keeps the data's position, so the resumed run reads exactly
+    the samples of the run never stopped."""
     ckpt, dump = tmp_path / "ckpt", str(tmp_path / "w-{rank}.npz")
-    argv = mpirun(2, *SMALL, "--checkpoint-dir", str(ckpt))
+    small = [*SMALL, "--data", mnist_records]
+    argv = mpirun(2, *small, "--checkpoint-dir", str(ckpt))
     with Tasks(str(tmp_path)) as tasks:
         tasks.start("job", ["env", "OMPI_MCA_odls_base_sigkill_timeout=8", *argv, "--steps", str(STEPS)])
         signal_at_step(tasks, "job", 40, lambda job: [os.killpg(job.pid, signal.SIGINT) for _ in range(2)])
@@ -66,7 +69,7 @@ def test_ctrl_c_stops_ring_ranks_at_one_step_and_the_resumed_run_ends_as_if_neve
     assert "stopped by SIGTERM" in line and checkpoint_step(ckpt) == stopped_at(line) < STEPS, line
     with Tasks(str(tmp_path)) as tasks:  # resumed, and never stopped
         tasks.start("resumed", argv + ["--steps", str(STEPS), "--resume", "--dump-weights", dump])
-        tasks.start("whole", mpirun(2, *SMALL, "--steps", str(STEPS),
+        tasks.start("whole", mpirun(2, *small, "--steps", str(STEPS),
                                     "--dump-weights", dump.replace("w-", "whole-")))
         assert tasks.wait("resumed", 120) == 0 and tasks.wait("whole", 120) == 0, tasks.log("resumed")[-3000:]
     assert_same_weights(weights(dump, 0), weights(dump.replace("w-", "whole-"), 0))

@@ -15,13 +15,14 @@ def launch(*args, timeout=240):
 
 @pytest.mark.timeout(300)
 def test_sync_with_all_workers_equals_one_process_on_the_global_batch(tmp_path):
+    """Each worker's update of 2 micro-batches (--accumulate 2) included."""
     steps, lr, batch = 4, 0.1, 8
     summary = launch("--num-ps", "2", "--num-workers", "2", "--sync", "--optimizer", "sgd",
                      "--lr", str(lr), "--no-dropout", "--steps", str(steps), *TINY,
-                     "--batch-size", str(batch), "--checkpoint-dir", str(tmp_path))
-    assert summary["mode"] == "ps-sync" and summary["steps"] == steps
+                     "--batch-size", str(batch), "--accumulate", "2", "--checkpoint-dir", str(tmp_path))
+    assert summary["mode"] == "ps-sync" and summary["steps"] == steps and summary["accumulate"] == 2
 
-    assert_checkpoint_is_one_process_on_the_global_batch(str(tmp_path), steps, lr, batch, workers=2)
+    assert_checkpoint_is_one_process_on_the_global_batch(str(tmp_path), steps, lr, batch, workers=2, accumulate=2)
 
 
 @pytest.mark.timeout(300)

@@ -15,22 +15,25 @@ WATCHDOG_SEC = 15  # 2 misses 2 s apart, with slack for a loaded machine
 
 
 def test_in_graph_with_w_towers_equals_one_process_on_the_global_batch(tmp_path):
+    """Each tower's update of 2 micro-batches (--accumulate 2) included."""
     steps, lr, batch = 4, 0.1, 8
     summary = last_json(run_ok([*PS_BASELINE, "launch", *IN_GRAPH, "--num-ps", "2", "--num-workers", "2",
                                 "--optimizer", "sgd", "--lr", str(lr), "--no-dropout", "--steps", str(steps),
-                                *TINY, "--batch-size", str(batch), "--checkpoint-dir", str(tmp_path),
-                                "--show-placement"], timeout=240))
+                                *TINY, "--batch-size", str(batch), "--accumulate", "2", "--checkpoint-dir",
+                                str(tmp_path), "--show-placement"], timeout=240))
     assert summary["mode"] == "ps-ingraph" and summary["steps"] == steps and summary["world_size"] == 2
     assert summary["towers"] == ["/job:worker/task:0", "/job:worker/task:1"]
     assert summary["timed_samples"] > 0 and summary["images_per_sec"] > 0
-    assert_checkpoint_is_one_process_on_the_global_batch(str(tmp_path), steps, lr, batch, workers=2)
+    assert_checkpoint_is_one_process_on_the_global_batch(str(tmp_path), steps, lr, batch, workers=2, accumulate=2)
 
 
 def test_towers_with_batch_b_each_equal_one_process_on_the_global_batch(tmp_path):
     steps, lr, batch = 4, 0.1, 8
+    # (each tower's batch b as 2 micro-batches of b/2: --accumulate 2)
     towers = last_json(run_ok([*PS_BASELINE, "towers", "--towers", "2", "--model", "mnist_mlp", "--optimizer",
                                "sgd", "--lr", str(lr), "--no-dropout", "--steps", str(steps), "--batch-size",
-                               str(batch), "--threads", "1", "--dump-weights", str(tmp_path / "t.npz")]))
+                               str(batch // 2), "--accumulate", "2", "--threads", "1",
+                               "--dump-weights", str(tmp_path / "t.npz")]))
     assert towers["mode"] == "towers" and towers["world_size"] == 2 and len(towers["devices"]) == 2
     assert towers["devices"][0] != towers["devices"][1]
     one = last_json(run_ok(["ringtrain", "--model", "mnist_mlp", "--optimizer", "sgd", "--lr", str(lr),

@@ -22,14 +22,22 @@ def test_checkpoint_is_a_standard_tf_checkpoint_with_progress(tmp_path):
     assert tf.train.get_checkpoint_state(str(ckpt)).all_model_checkpoint_paths[-2].endswith("ckpt-5")
 
 
-def test_resume_on_a_different_rank_count_continues_exactly(tmp_path):
-    """2 ranks x 16 for 6 steps, then 1 rank x 32 for 6 more == 2 ranks x 16 for 12 steps."""
+def test_resume_on_a_different_rank_count_continues_exactly(tmp_path, mnist_records):
+    """2 ranks x 16 for 6 steps, then 1 rank x 32 for 6 more == 2 ranks x 16 for 12
+    steps, reading TFRecords (record by record: a seeded shuffle buffer, each
+    rank every other record): a resume reads exactly the samples it would have.
+    The newest checkpoint (step 9) is cut short, so the resume falls back to the
+    one before it, whose position it reads: the data's position is the checkpoint's."""
     straight, resumed = str(tmp_path / "straight-{rank}.npz"), str(tmp_path / "resumed-{rank}.npz")
-    ckpt = str(tmp_path / "ckpt")
-    run_ok(horovodrun(2, *EXACT, "--batch-size", "16", "--steps", "12", "--dump-weights", straight))
-    run_ok(horovodrun(2, *EXACT, "--batch-size", "16", "--steps", "6", "--checkpoint-dir", ckpt))
-    out = run_ok(["ringtrain", *EXACT, "--batch-size", "32", "--steps", "12",
-                  "--checkpoint-dir", ckpt, "--resume", "--dump-weights", resumed])
+    ckpt = tmp_path / "ckpt"
+    data = ["--data", mnist_records, "--shard-by", "record"]
+    run_ok(horovodrun(2, *EXACT, *data, "--batch-size", "16", "--steps", "12", "--dump-weights", straight))
+    run_ok(horovodrun(2, *EXACT, *data, "--batch-size", "16", "--steps", "9", "--checkpoint-every", "6",
+                      "--checkpoint-dir", str(ckpt)))
+    newest = next(ckpt.glob("ckpt-9.data-*"))
+    newest.write_bytes(newest.read_bytes()[:100])  # as a crash mid-write would leave it
+    out = run_ok(["ringtrain", *EXACT, *data, "--batch-size", "32", "--steps", "12",
+                  "--checkpoint-dir", str(ckpt), "--resume", "--dump-weights", resumed])
     assert "steps 6..12" in out
     assert last_json(out)["steps"] == 12
     assert_same_weights(weights(straight, 0), weights(resumed, 0))
