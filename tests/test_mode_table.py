@@ -5,13 +5,16 @@ what runs: every cell is read, the command column and the qualifiers too
 (GPU pinning's "local rank", "per host", "one per tower"), and each row's
 mode is found in the one registry of modes (ringtrain/modes.py).
 
-A few runs per mode serve all its cells: one that checkpoints with a
-straggler, snapshots and a diverging lr under --on-nan skip (on a terminal,
-for the progress bar); a resume from it after its newest checkpoint was cut
-short, still diverging, under --on-nan stop; a run on a full disk; and one
-with a frozen worker. (That a resumed run goes on to its last step is
+A few runs per mode serve all its cells, every one reading the embedded MNIST
+digits from TFRecord files (--data) in updates of 2 micro-batches
+(--accumulate 2): one that checkpoints with a straggler, snapshots and a
+diverging lr under --on-nan skip, in float16 with its loss scale (--precision)
+(on a terminal, for the progress bar); a resume from it after its newest
+checkpoint was cut short, still diverging, under --on-nan stop; a run on a
+full disk; and one with a frozen worker. (That a resumed run goes on to its last step is
 tests/test_ring_checkpoints.py's and tests/test_ps_training.py's.)"""
 import functools
+import math
 import os
 import pathlib
 import re
@@ -31,6 +34,7 @@ DIVERGING = ["--lr", "1e6"]
 STALL = 6  # --stall-timeout of the frozen-worker runs
 MARGIN = 20  # a frozen worker ends the job within --stall-timeout plus this
 RESUMED_STEPS = 30  # the resumed run's --steps: it diverges well before
+HALF = ["--precision", "mixed_float16"]  # the first run and its resume
 
 
 def read_table():
@@ -86,12 +90,12 @@ def goes_on_without_a_worker(mode):
 # --- the runs each mode's cells share ------------------------------------------------------
 
 class Runs:
-    def __init__(self, mode, folder):
-        self.mode, self.folder = mode, folder
+    def __init__(self, mode, folder, records):
+        self.mode, self.folder, self.records = mode, folder, records
         folder.mkdir(parents=True, exist_ok=True)
 
     def argv(self, *flags):
-        return [*command(self.mode, self.folder), *SMALL, *flags]
+        return [*command(self.mode, self.folder), *SMALL, "--data", self.records, "--accumulate", "2", *flags]
 
     @functools.cached_property
     def first(self):
@@ -100,7 +104,7 @@ class Runs:
         self.checkpoints, self.snapshots = self.folder / "ckpt", self.folder / "snapshots"
         self.summary_path = self.folder / "summary.json"
         # (two GPUs assumed by name: each process reports the one it asks for)
-        done = run_in_terminal(self.argv(*DIVERGING, "--on-nan", "skip", "--steps", "8", "--log-every", "2",
+        done = run_in_terminal(self.argv(*DIVERGING, *HALF, "--on-nan", "skip", "--steps", "8", "--log-every", "2",
                                          "--checkpoint-dir", str(self.checkpoints), "--checkpoint-every", "4",
                                          "--straggler", "1:3", "--snapshot-every", "4",
                                          "--snapshot-dir", str(self.snapshots),
@@ -123,7 +127,7 @@ class Runs:
         newest = tf.train.latest_checkpoint(str(self.checkpoints))
         data = next(pathlib.Path(self.checkpoints).glob(os.path.basename(newest) + ".data-*"))
         data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])  # as a crash mid-write would
-        done = run(self.argv(*DIVERGING, "--steps", str(RESUMED_STEPS), "--log-every", "100", "--checkpoint-dir",
+        done = run(self.argv(*DIVERGING, *HALF, "--steps", str(RESUMED_STEPS), "--log-every", "100", "--checkpoint-dir",
                              str(self.checkpoints), "--resume", "--on-nan", "stop"), timeout=180)
         return newest, done
 
@@ -132,9 +136,9 @@ RUNS = {}
 
 
 @pytest.fixture
-def runs(mode, tmp_path_factory):
+def runs(mode, tmp_path_factory, mnist_records):
     if mode not in RUNS:
-        RUNS[mode] = Runs(mode, tmp_path_factory.mktemp(re.sub(r"\W+", "-", mode)))
+        RUNS[mode] = Runs(mode, tmp_path_factory.mktemp(re.sub(r"\W+", "-", mode)), mnist_records)
     return RUNS[mode]
 
 
@@ -242,12 +246,41 @@ def check_progress(runs, cell):
         assert cell == "lines ¹" and re.search(r"step 4/8", output) and "\r[" not in output, output[-2000:]
 
 
+def check_data(runs, cell):
+    """The TFRecord files, each worker its own of the 4 (by file), and the test split beside them, read through
+    the same pipeline."""
+    said = f"on {runs.records} (4000 train, 1000 test; 10 classes; read at 28x28x1; sharded by file (4 files))"
+    assert said in runs.first.output, runs.first.output[:3000]
+    assert runs.summary["data_source"] == runs.records and runs.summary["test_samples"] == 1000
+
+
+def check_precision(runs, cell):
+    """float16 compute with the loss scale, which the mode keeps (and checkpoints) with its weights."""
+    import tensorflow as tf
+    assert runs.summary["precision"] == "mixed_float16" and "mixed_float16 (loss scaled)" in runs.first.output
+    oldest = min(runs.checkpoints.glob("*.index"), key=lambda p: int(re.search(r"-(\d+)\.index$", p.name).group(1)))
+    reader = tf.train.load_checkpoint(str(oldest)[:-len(".index")])
+    scales = [float(reader.get_tensor(n)) for n in reader.get_variable_to_shape_map()
+              if n.split("/")[0] == "loss_scale"]
+    assert len(scales) == 1 and 1 <= scales[0] <= 2 ** 15 and scales[0] == 2 ** round(math.log2(scales[0])), scales
+
+
+def check_accumulate(runs, cell):
+    """Each update is 2 micro-batches of 16 per worker: the epoch has half the steps, and each step the samples."""
+    registered, summary = modes.by_row(runs.mode), runs.summary
+    assert "2 micro-batches of 16 per update" in runs.first.output and "63 steps/epoch" in runs.first.output
+    drives = 2 if registered.one_process and registered.sync else 1  # (towers, in-graph: both workers each step)
+    steps = sum(r["timed_steps"] for r in summary["network"])
+    assert summary["accumulate"] == 2 and summary["timed_samples"] == steps * 2 * 16 * drives, summary
+
+
 QUALIFIED = ("GPU pinning", "progress")  # cells with more than ✓: their checks read them
 CHECKS = {"--resume": check_resume, "checkpoint fallback": check_checkpoint_fallback, "full disk": check_full_disk,
           "--on-nan stop": check_on_nan_stop, "--on-nan skip": check_on_nan_skip,
           "--stall-timeout": check_stall_timeout, "--straggler": check_straggler,
           "--snapshot-every": check_snapshot_every, "GPU pinning": check_gpu_pinning,
-          "--summary-json": check_summary_json, "progress": check_progress}
+          "--summary-json": check_summary_json, "progress": check_progress, "--data": check_data,
+          "--precision": check_precision, "--accumulate": check_accumulate}
 
 
 def test_the_table_names_every_mode_and_every_feature_once():

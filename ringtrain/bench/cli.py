@@ -35,6 +35,10 @@ EXAMPLES = """examples:
   ringtrain-bench scaling --cluster 4 --simulate-gpu r50.json --np 1,2,4 --out r
   ringtrain-bench parity --model keras:ResNet50 --np 2 --rounds 3 --out r   # against a plain Horovod script
 
+  the input pipeline alone (img/s per core), and training from TFRecords against memory, side by side:
+  ringtrain-bench pipeline --data synthetic --data tfrecords:synthetic --train 1,2 --out r
+  ringtrain-bench pipeline --data '/data/imagenet/train-*' --model keras:ResNet50 --batch-size 32 --out r
+
   past this machine: the α-β model at 8..512 GPUs, 4 a host, ring against PS (nothing runs):
   ringtrain-bench project --model resnet101 --gpus-per-host 4 --link-rate 25gbit --out r
   ringtrain-bench project --model r50.json --alpha-beta r/1gbit/scaling.json --out r
@@ -161,8 +165,9 @@ def add_scaling_flags(p, modes_default):
                         f"replication), towers (one process, a tower per device; one machine only), "
                         f"ps-async, independent (N single-rank trainers at once, nothing exchanged: "
                         f"the machine's ceiling; on one machine only) (default {modes_default})")
-    g.add_argument("--data", choices=("synthetic", "mnist", "cifar10"), default="synthetic",
-                   help="dataset (default %(default)s)")
+    g.add_argument("--data", default="synthetic", metavar="SOURCE",
+                   help="the trainers' --data: a glob of TFRecords, a folder, package.module:function, mnist, "
+                        "cifar10 or synthetic (default %(default)s)")
     g.add_argument("--data-dir", metavar="DIR", help="passed to the trainers")
     g.add_argument("--batch-size", type=positive_int, default=64, metavar="B",
                    help="per-worker batch for weak scaling (default %(default)s)")
@@ -203,8 +208,9 @@ def add_tradeoff_flags(p, steps, data, simulate):
     g.add_argument("--modes", type=choice_list(MODES, "mode(s)"), default=list(MODES), metavar="M[,M...]",
                    help="of ring (Horovod), tf-collective (TF's own all-reduce), ps-sync (K = W), ps-sync-backup "
                         "(W + 1 workers, K = W), ps-async (default: all of them)")
-    g.add_argument("--data", choices=("synthetic", "mnist", "cifar10"), default=data,
-                   help="dataset (default %(default)s)")
+    g.add_argument("--data", default=data, metavar="SOURCE",
+                   help="the trainers' --data: a glob of TFRecords, a folder, package.module:function, mnist, "
+                        "cifar10 or synthetic (default %(default)s)")
     g.add_argument("--data-dir", metavar="DIR", help="passed to the trainers")
     g.add_argument("--batch-size", type=positive_int, default=32, metavar="B",
                    help="per-worker batch (default %(default)s)")
@@ -276,6 +282,7 @@ def parser():
     convergence_command(sub, common)
     project_command(sub, common)
     parity_command(sub, common)
+    pipeline_command(sub, common)
     profile_command(sub, common)
     return p
 
@@ -399,6 +406,41 @@ def parity_command(sub, common):
     add_output_flags(pa)
 
 
+def pipeline_command(sub, common):
+    pl = sub.add_parser("pipeline", help="the input pipeline alone, in img/s and per core, for each --data; with "
+                        "--train N[,N], the model also trained from each, side by side in rotating rounds", **common)
+    pl.add_argument("--data", action="append", required=True, metavar="SOURCE",
+                    help="a source as the trainers take it (a glob of TFRecords, a folder, package.module:function, "
+                         "mnist, cifar10, synthetic), or tfrecords:NAME: NAME's images written as TFRecord files "
+                         "first; repeat it to compare sources (ratios are to the first)")
+    pl.add_argument("--data-dir", metavar="DIR", help="passed to the trainers")
+    pl.add_argument("--model", type=model_name, default="cifar_resnet", metavar="NAME",
+                    help="whose input the images are read at, and trained (default %(default)s)")
+    pl.add_argument("--batch-size", type=positive_int, default=64, metavar="B", help="per worker (default 64)")
+    pl.add_argument("--threads", type=positive_int, default=1, metavar="T",
+                    help="TF threads per worker, tf.data's pool included (default 1)")
+    pl.add_argument("--seconds", type=positive_float, default=10.0, metavar="S",
+                    help="how long the pipeline alone is timed, per source and round (default 10)")
+    pl.add_argument("--train", type=int_list, default=[], metavar="N[,N...]",
+                    help="also train under mpirun with N ranks from each source (default: the pipeline alone)")
+    pl.add_argument("--steps", type=positive_int, default=100, help="per training run, warm-up included (default 100)")
+    pl.add_argument("--warmup-steps", type=non_negative_int, default=10, metavar="K", help="not timed (default 10)")
+    pl.add_argument("--rounds", type=positive_int, default=3, help="rounds, the order rotating (default 3)")
+    pl.add_argument("--files", type=positive_int, default=8, help="TFRecord files tfrecords:NAME writes (default 8)")
+    pl.add_argument("--timeout", type=positive_float, default=600, metavar="SEC", help="per run (default 600)")
+    add_output_flags(pl)
+
+
+def run_pipeline(args, log):
+    from ringtrain.bench import pipeline
+    check_timed_steps(args)
+    cfg = {key: getattr(args, key) for key in ("data", "data_dir", "model", "batch_size", "threads", "seconds",
+                                               "train", "steps", "warmup_steps", "rounds", "files", "timeout")}
+    result = pipeline.run(cfg, args.out, log=log)
+    print(pipeline.markdown(result), end="", flush=True)
+    return result
+
+
 def profile_command(sub, common):
     pr = sub.add_parser("profile", help="a model's parameters, gradient bytes and tensors, one step timed here, "
                         "and a gradient profile FILE.json for --simulate-gpu (or --model)", **common)
@@ -445,6 +487,8 @@ def slots_needed(args):
     if args.command in TRADEOFFS:
         from ringtrain.bench.sync_modes import processes
         return max(processes(mode, args.np) for mode in args.modes)
+    if args.command == "pipeline":
+        return max(args.train or [1])
     return max(args.np) if isinstance(args.np, list) else args.np
 
 
@@ -664,6 +708,8 @@ def _main(argv):
             run_project(args, log)
         elif args.command == "parity":
             run_parity(args, log)
+        elif args.command == "pipeline":
+            run_pipeline(args, log)
         else:
             run_allreduce(args, [2 if max(args.np) < 2 else max(args.np)], log)
             run_scaling(args, log)

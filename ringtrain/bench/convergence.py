@@ -56,10 +56,12 @@ def run(cfg, out_dir, log=print, site=None):
 
 def evaluator(cfg):
     """accuracy(weights by name) on the whole test split, in this process."""
-    from ringtrain.workloads import catalog, data, models
+    from ringtrain.workloads import catalog, models, sources
     from ringtrain.workloads.evaluation import evaluate, metrics_of
-    dataset = data.load(cfg["data"], cfg.get("data_dir"), catalog.image_shape(cfg["model"]))
-    model = models.build(cfg["model"], seed=0, image_shape=dataset.train_images.shape[1:])
+    own = catalog.model_spec(cfg["model"]) is catalog.USER_MODEL
+    dataset = sources.open_source(sources.Request(cfg["data"], data_dir=cfg.get("data_dir")),
+                                  catalog.image_shape(cfg["model"]), None if own else catalog.NUM_CLASSES, cfg["model"])
+    model = models.build(cfg["model"], seed=0, image_shape=dataset.image_shape, num_classes=dataset.num_classes)
     by_name = {models.variable_name(v): v for v in model.variables}
     metrics = metrics_of(model)
 

@@ -19,10 +19,12 @@ REPORTS = {
     "project": (("project",), ("Projection",)),
     "project-check": (("project-check",), ("Projection",)),
     "parity": (("parity",), ("Parity bench",)),
+    "pipeline": (("pipeline",), ("Pipeline bench",)),
 }
 # report: the module that writes it (its title, findings, table and notes)
 WRITERS = {"allreduce": "allreduce", "scaling": "scaling_report", "straggler": "straggler",
-           "convergence": "convergence", "project": "project", "project-check": "project_check", "parity": "parity"}
+           "convergence": "convergence", "project": "project", "project-check": "project_check", "parity": "parity",
+           "pipeline": "pipeline"}
 TOGETHER = ("scaling",)  # reports whose title and findings read every link rate's result at once
 
 

@@ -45,6 +45,23 @@ def samples(tf, split, records, shape):
     return records.map(sample, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
+def decoded_batches(tf, split, records, shape, batch_size):
+    """(images, labels) of each batch_size records (the last may be short),
+    decoded in parallel, in order: a batch at a time where the split can (a
+    TFRecord's Examples are parsed together, each image decoded in turn),
+    else a record at a time."""
+    decode = getattr(split, "decode_batch", None)
+    if decode is None:
+        return samples(tf, split, records, shape).batch(batch_size)
+
+    def batch(*items):
+        encoded, labels = decode(tf, *items)
+        images = tf.map_fn(lambda one: to_model_input(tf, split.decode_image(tf, shape[-1], one), shape), encoded,
+                           fn_output_signature=tf.TensorSpec(shape, tf.float32))
+        return images, labels
+    return records.batch(batch_size).map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
 def epoch_dataset(tf, source, plan, batch_size, accumulate):
     """One worker's updates of one epoch, from a sharding.EpochPlan."""
     split, shape = source.train, source.image_shape
@@ -54,15 +71,16 @@ def epoch_dataset(tf, source, plan, batch_size, accumulate):
         micro = split.batches(tf, ids, weights, batch_size).map(
             lambda images, labels, w: (to_model_input(tf, images, shape), labels, w))
     else:
-        micro = _decoded(tf, source, plan).batch(batch_size, drop_remainder=True)
+        micro = _decoded(tf, source, plan, batch_size)
     counts = tf.data.Dataset.from_tensor_slices(plan.update_counts.astype(np.float32))
     # (every update has K whole micro-batches, padding included: shapes known when traced)
     return tf.data.Dataset.zip((micro.batch(accumulate, drop_remainder=True), counts)).map(
         lambda m, count: (*m, count)).prefetch(tf.data.AUTOTUNE)
 
 
-def _decoded(tf, source, plan):
-    """A worker's records of one epoch, each decoded, then its weight-0 padding."""
+def _decoded(tf, source, plan, batch_size):
+    """A worker's micro-batches of one epoch: its records decoded, the last
+    short batch and then whole batches filled with weight-0 padding."""
     split, shape = source.train, source.image_shape
     if split.random_access:
         records = split.records(tf, plan.ids)
@@ -71,9 +89,16 @@ def _decoded(tf, source, plan):
         if source.shuffle_buffer > 1:
             records = records.shuffle(source.shuffle_buffer, seed=plan.shuffle_seed)
         records = records.shard(plan.shard[1], plan.shard[0]).skip(plan.skip).take(plan.real)
-    real = samples(tf, split, records, shape).map(lambda image, label: (image, label, tf.constant(1.0)))
-    padding = tf.data.Dataset.from_tensors((tf.zeros(shape), tf.constant(0, tf.int32), tf.constant(0.0)))
-    return real.concatenate(padding.repeat(plan.padding))
+
+    def filled(images, labels):
+        short = batch_size - tf.shape(labels)[0]
+        weights = tf.concat([tf.ones_like(labels, tf.float32), tf.zeros([short])], 0)
+        return (tf.ensure_shape(tf.pad(images, [[0, short], [0, 0], [0, 0], [0, 0]]), [batch_size, *shape]),
+                tf.ensure_shape(tf.pad(labels, [[0, short]]), [batch_size]), tf.ensure_shape(weights, [batch_size]))
+    real = decoded_batches(tf, split, records, shape, batch_size).map(filled)
+    empty = (tf.zeros([batch_size, *shape]), tf.zeros([batch_size], tf.int32), tf.zeros([batch_size]))
+    left = plan.padding - (-plan.real % batch_size)  # (what the last real batch's filling leaves)
+    return real.concatenate(tf.data.Dataset.from_tensors(empty).repeat(left // batch_size))
 
 
 def limit_threads(tf, ds, threads):
@@ -145,4 +170,4 @@ def eval_dataset(tf, source, rank, size, batch_size=EVAL_BATCH):
         records = split.records(tf, eval_shard(split.count, rank, size))
     else:
         records = split.stream(tf, tuple(split.files)).shard(size, rank)
-    return samples(tf, split, records, source.image_shape).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    return decoded_batches(tf, split, records, source.image_shape, batch_size).prefetch(tf.data.AUTOTUNE)

@@ -91,8 +91,12 @@ class FolderSplit:
     def records(self, tf, ids):
         return tf.data.Dataset.from_tensor_slices((self.paths[ids], self.labels[ids]))
 
-    def decode(self, tf, channels, path, label):
-        return tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False), label
+    def decode_batch(self, tf, paths, labels):
+        """(what decode_image takes, labels) of a batch of records: their paths."""
+        return paths, labels
+
+    def decode_image(self, tf, channels, path):
+        return tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
 
 
 @dataclass
@@ -124,12 +128,14 @@ class RecordSplit:
             lambda n, record: (tf.strings.join([f, "#", tf.strings.as_string(n)]), record)))
         return numbered.filter(lambda key, record: tf.equal(left_out.lookup(key), 0)).map(lambda key, record: record)
 
-    def decode(self, tf, channels, record):
-        parsed = tf.io.parse_single_example(record, {
-            self.image_key: tf.io.FixedLenFeature([], tf.string),
-            self.label_key: tf.io.FixedLenFeature([], tf.int64)})
-        image = tf.io.decode_image(parsed[self.image_key], channels=channels, expand_animations=False)
-        return image, tf.cast(parsed[self.label_key], tf.int32)
+    def decode_batch(self, tf, records):
+        """(encoded images, labels) of a batch of serialized Examples, parsed together."""
+        parsed = tf.io.parse_example(records, {self.image_key: tf.io.FixedLenFeature([], tf.string),
+                                               self.label_key: tf.io.FixedLenFeature([], tf.int64)})
+        return parsed[self.image_key], tf.cast(parsed[self.label_key], tf.int32)
+
+    def decode_image(self, tf, channels, encoded):
+        return tf.io.decode_image(encoded, channels=channels, expand_animations=False)
 
 
 @dataclass
