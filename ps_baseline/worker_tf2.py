@@ -9,7 +9,6 @@ steps later, so the workers are never left waiting for the coordinator.
 Lines that distribution adds are marked `# PS:`.
 """
 import functools
-import math
 
 import numpy as np
 
@@ -177,8 +176,9 @@ def per_worker_dataset(tf, config, source, num_workers, per_epoch, worker_steps)
     data, loop_ = config.data, config.loop
     if source.train.in_memory:
         source.train.keep_as_tensors(tf)  # (one copy, captured by the function, not each epoch's share)
-    # the epochs this run covers, then around again (.repeat): async workers vary in pace
-    epochs = min(math.ceil(loop_.steps / per_epoch) + 1 if loop_.steps else loop_.epochs + 1, 100)
+    # two epochs from where each worker stands, then around again (.repeat): the function, every
+    # worker's datasets in it, is traced and sent to the workers before their first step
+    epochs = 2
 
     def own(worker):
         first, done = divmod(worker_steps[worker], per_epoch)

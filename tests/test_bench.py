@@ -294,10 +294,10 @@ def test_scaling_writes_table_csv_json_and_plots_with_every_column(tmp_path):
 
 
 def test_every_column_header_is_defined_in_columns_md():
-    from ringtrain.bench import allreduce, convergence, parity, straggler
+    from ringtrain.bench import allreduce, convergence, parity, pipeline, straggler
     doc = open(os.path.join(REPO, "bench", "COLUMNS.md")).read()
     for _, header in (scaling_report.COLUMNS + allreduce.COLUMNS + straggler.COLUMNS + convergence.COLUMNS
-                      + parity.COLUMNS):
+                      + parity.COLUMNS + pipeline.COLUMNS):
         assert f"| {header} |" in doc, header
 
 
