@@ -19,7 +19,6 @@ Two kinds of split: random access (arrays, image folders: any record by its
 number) and streams (TFRecord files, a factory's dataset: read in order).
 """
 import glob
-import math
 import os
 from dataclasses import dataclass, field
 
@@ -250,7 +249,7 @@ def open_source(request, image_shape, model_classes=None, model="the model"):
             raise UsageError(f"--num-classes {request.num_classes}: {request.data} has {builtin.NUM_CLASSES} classes")
         source.num_classes = request.num_classes
     source.shard_by, source.shuffle_buffer = request.shard_by, request.shuffle_buffer
-    check_labels(source, model_classes, model)
+    check_labels(source, model_classes, model, given=bool(request.num_classes))
     return source
 
 
@@ -348,19 +347,21 @@ def _label_range(split):
     return split.label_range
 
 
-def check_labels(source, model_classes, model):
-    """Every label is a class the model has: 0..C-1."""
+def check_labels(source, model_classes, model, given=False):
+    """Every label is a class the model has: 0..C-1 (C: a catalog model's, or
+    --num-classes where `given`, else the data's own)."""
     classes = model_classes or source.num_classes
+    whose = (f"{model}'s {classes} classes" if model_classes else
+             f"the {classes} classes of --num-classes" if given else f"{classes} classes")
+    fix = ("train a model of your own (--model package.module:function), which is built for the data's classes, "
+           "or relabel the data" if model_classes else
+           "give --num-classes above it, or relabel" if given else "labels are class indices from 0: relabel")
     for split in (source.train, source.test):
         if split is None:
             continue
         low, high = _label_range(split)
         if low < 0 or high >= classes:
             bad = low if low < 0 else high
-            whose = (f"{model}'s {classes} classes" if model_classes else
-                     f"the {classes} classes of --num-classes" if source.num_classes else f"{classes} classes")
-            fix = ("train a model of your own (--model package.module:function), which is built for the data's "
-                   "classes, or relabel the data" if model_classes else "give --num-classes above it, or relabel")
             raise UsageError(f"{source.where}: label {bad}{_where_label(split, bad)} is outside {whose} "
                              f"(0..{classes - 1}): {fix}")
 
@@ -374,14 +375,3 @@ def _where_label(split, label):
     if isinstance(split, FolderSplit):
         return f" (class folder {split.class_names[label] if 0 <= label < len(split.class_names) else '?'})"
     return ""
-
-
-def steps_note(source, batch_size):
-    """A one-line refusal of a batch larger than the training split."""
-    if batch_size > source.train.count:
-        raise UsageError(f"--batch-size {batch_size} is larger than the {source.train.count} training samples of "
-                         f"{source.where}: give a smaller batch")
-
-
-def ceil_div(a, b):
-    return math.ceil(a / b)
