@@ -194,14 +194,19 @@ def assert_checkpoint_is_one_process_on_the_global_batch(checkpoint_dir, steps, 
     shards = [epoch_shard(len(dataset.train_labels), r, workers, batch, 0, 0) for r in range(workers)]
     for step in range(steps):
         micro = range(step * accumulate, (step + 1) * accumulate)
-        rows = [slice(m * batch, (m + 1) * batch) for m in micro]
-        idx = np.concatenate([s.indices[r] for r in rows for s in shards])
-        sample_weights = np.concatenate([s.weights[r] for r in rows for s in shards])
-        with tf.GradientTape() as tape:
-            losses = models.per_example_loss(reference(as_float(dataset.train_images[idx]), True),
-                                             dataset.train_labels[idx])
-            loss = tf.reduce_sum(sample_weights * losses) / shards[0].global_counts[list(micro)].sum()
-        grads = tape.gradient(loss, reference.trainable_variables)
+        count = shards[0].global_counts[list(micro)].sum()
+        # The global batch's loss, its gradient summed over pieces of `batch` samples as the
+        # workers take them: the same sum (a ReLU whose input lies 1e-8 from 0 can decide
+        # otherwise in a matmul of another shape, and moved a weight by 2e-5 after 4 steps).
+        grads = [0.0] * len(reference.trainable_variables)
+        for rows in [slice(m * batch, (m + 1) * batch) for m in micro]:
+            for shard in shards:
+                idx = shard.indices[rows]
+                with tf.GradientTape() as tape:
+                    losses = models.per_example_loss(reference(as_float(dataset.train_images[idx]), True),
+                                                     dataset.train_labels[idx])
+                    loss = tf.reduce_sum(shard.weights[rows] * losses) / count
+                grads = [a + b for a, b in zip(grads, tape.gradient(loss, reference.trainable_variables))]
         for v, g in zip(reference.trainable_variables, grads):
             v.assign_sub(lr * g)
 
