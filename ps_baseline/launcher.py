@@ -298,6 +298,12 @@ def watch(running, chief_name, losses, signals, console):
                 continue
             if name == chief_name:
                 return None if status == 0 else process
+            if status == EXIT_PREEMPTED and not stopping:
+                # a task sent a signal before its training started left at once: the job stops, as if
+                # this launcher had been sent it
+                signals.received.append(signal.SIGTERM)
+                losses.lost.add(name)
+                continue
             if status != 0 and not stopping and not losses.survive(process):
                 return process
         if stopping and time.monotonic() > signals.deadline:

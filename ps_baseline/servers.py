@@ -156,14 +156,16 @@ def serve(tf, server, job, task_index, threads, log, watch=None, told_by=None):
         waiter.join(0.5)
         if PREEMPTION.requested and stop_by is None:
             # a scheduler's signal: the job stops at an agreed step, and its chief saves through this task
-            StopFlag(tf, server.target, session_config(tf, threads, [f"/job:{job}/task:{task_index}",
-                                                                     "/job:ps/task:0"])).raise_once()
+            watchdog.close()  # (from here, the chief's end is this task's too, not a failure)
             log(f"{job} task {task_index}: {PREEMPTION.signal}: the job stops; serving while its chief saves")
             stop_by = time.monotonic() + SERVE_AFTER_STOP_SEC
-        if stop_by and time.monotonic() > stop_by:
-            log(f"{job} task {task_index}: the chief did not finish within {SERVE_AFTER_STOP_SEC} s of "
-                f"{PREEMPTION.signal}; ending")
-            return EXIT_PREEMPTED
+            try:
+                StopFlag(tf, server.target, session_config(tf, threads, [f"/job:{job}/task:{task_index}",
+                                                                         "/job:ps/task:0"])).raise_once()
+            except tf.errors.OpError:
+                pass  # (PS task 0 is gone: the job is ending anyway)
+        if stop_by and (time.monotonic() > stop_by or (told_by and not is_listening(told_by))):
+            return EXIT_PREEMPTED  # the chief is done (or did not finish in time): nothing left to serve
     watchdog.close()
     log(f"{job} task {task_index}: training is over, shutting down")
     if told_by:

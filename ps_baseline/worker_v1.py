@@ -27,6 +27,9 @@ from ringtrain.workloads.sharding import updates_per_epoch
 from ringtrain.workloads.summary import dumps
 
 BOOKKEEPING = "ps_baseline"  # name scope of variables that are not the model's
+# Sync, stopped on a signal: tokens for each worker, so that none waits in a step for a gradient of a
+# worker that has stopped, and each gets to its next stop check (every ~0.2 s of its steps).
+STOP_TOKENS = 1000
 
 
 @dataclass
@@ -52,6 +55,7 @@ class ReplicaGraph:
     announce: object       # what the chief tells the workers at the start (the stall watchdog's address)
     shutdown_ps: list
     release_workers: object  # sync: tokens that free workers still waiting for one
+    release_for_stop: object  # sync: enough tokens for every worker to reach its next stop check
     simulated: bool        # on the simulated accelerator: nothing worth evaluating
     uninitialized: object = None  # non-chief: how many shared variables are not initialised yet
     scale: object = None           # float16's loss scale, as this step read it (1 without one)
@@ -107,8 +111,9 @@ def build_graph(tf, config, ps, cluster_spec, task, num_workers, image_shape):
         pending_gradients(tf, optimizer) if ps.sync else None, test_metrics, model_variables,
         [per_ps.get(f"/job:ps/task:{i}", 0) for i in range(cluster_spec.num_tasks("ps"))],
         report_ops, announce_ops, shutdown_ps,
-        optimizer.get_init_tokens_op(num_tokens=num_workers) if ps.sync else None, models.is_simulated(model),
-        uninitialized, scale if scale is not None else tf.constant(1.0))
+        optimizer.get_init_tokens_op(num_tokens=num_workers) if ps.sync else None,
+        optimizer.get_init_tokens_op(num_tokens=STOP_TOKENS * num_workers) if ps.sync else None,
+        models.is_simulated(model), uninitialized, scale if scale is not None else tf.constant(1.0))
 
 
 def counters(tf, num_workers):
@@ -218,6 +223,10 @@ class BetweenGraph(GraphMode):
             if self.is_chief:
                 sessions.run(g.reports.reset)
             yield monitored
+
+    def on_stop(self):
+        if self.ps.sync:
+            self.sessions.run(self.g.release_for_stop)
 
     def close(self):
         if not self.is_chief:

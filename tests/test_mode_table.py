@@ -32,6 +32,7 @@ README = pathlib.Path(REPO) / "README.md"
 SMALL = ["--model", "mnist_mlp", "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.05", *ONE_THREAD]
 DIVERGING = ["--lr", "1e6"]
 STALL = 6  # --stall-timeout of the frozen-worker runs
+EXIT_PREEMPTED = 75  # stopped early by a scheduler's signal, resumable
 MARGIN = 20  # a frozen worker ends the job within --stall-timeout plus this
 RESUMED_STEPS = 30  # the resumed run's --steps: it diverges well before
 HALF = ["--precision", "mixed_float16"]  # the first run and its resume
@@ -202,6 +203,33 @@ def check_stall_timeout(runs, cell):
     assert re.search(frozen.named, lines[0]), (frozen.named, lines)
 
 
+def check_preemption(runs, cell):
+    """SIGTERM to one worker process (ring rank 1, PS worker task 1, the towers' one
+    process) once training is under way: every process stops after one step they
+    agree on, the chief writes a checkpoint there and says so in one line, and the
+    job exits 75 (stopped early, resumable)."""
+    import tensorflow as tf
+    folder = runs.folder / "preempted"
+    name, mode = "preempted-" + re.sub(r"\W+", "-", runs.mode), runs.mode
+    with Tasks(str(runs.folder)) as tasks:
+        job = tasks.start(name, runs.argv("--steps", "100000", "--log-every", "10", "--checkpoint-dir", str(folder)))
+        tasks.wait_for_text(name, re.compile(r"\bstep 20/"), 150)
+        victim = psutil_process(job.pid) if modes.by_row(mode).launcher == "ps-baseline towers" else \
+            worker_1(psutil_process(job.pid).children(recursive=True), mode)
+        victim.send_signal(signal.SIGTERM)
+        code, log = tasks.wait(name, 60), tasks.log(name)
+    lines = [line for line in log.splitlines() if ": stopped by " in line]
+    assert code == EXIT_PREEMPTED and len(lines) == 1 and "agreed by every" in lines[0], log[-3000:]
+    step = int(re.search(r"after step (\d+)", lines[0]).group(1))
+    saved = re.search(r"checkpoint (\S+) written", lines[0]).group(1)
+    assert saved.endswith(f"-{step}") and tf.train.load_checkpoint(saved).get_variable_to_shape_map(), lines[0]
+
+
+def psutil_process(pid):
+    import psutil
+    return psutil.Process(pid)
+
+
 def check_straggler(runs, cell):
     waited = runs.summary["straggler"]["waited_sec"]
     assert len(waited) == 2 and waited[0] == 0 and waited[1] > 0, waited
@@ -277,7 +305,7 @@ def check_accumulate(runs, cell):
 QUALIFIED = ("GPU pinning", "progress")  # cells with more than ✓: their checks read them
 CHECKS = {"--resume": check_resume, "checkpoint fallback": check_checkpoint_fallback, "full disk": check_full_disk,
           "--on-nan stop": check_on_nan_stop, "--on-nan skip": check_on_nan_skip,
-          "--stall-timeout": check_stall_timeout, "--straggler": check_straggler,
+          "--stall-timeout": check_stall_timeout, "preemption": check_preemption, "--straggler": check_straggler,
           "--snapshot-every": check_snapshot_every, "GPU pinning": check_gpu_pinning,
           "--summary-json": check_summary_json, "progress": check_progress, "--data": check_data,
           "--precision": check_precision, "--accumulate": check_accumulate}

@@ -53,7 +53,7 @@ def test_ctrl_c_stops_ring_ranks_at_one_step_and_the_resumed_run_ends_as_if_neve
     """Ctrl-C at a terminal reaches mpirun's process group (its ranks have groups
     of their own), twice here: mpirun passes SIGTERM on to its ranks after
     odls_base_sigkill_timeout seconds (1 by default, too short for a machine as
-    busy as this one; the sbatch script sets 12), and SIGKILL as long after
+    busy as this one; the sbatch script sets 5), and SIGKILL as long after
     that. The second Ctrl-C must change nothing. mpirun, interrupted, exits
     with a status of its own. Read from TFRecord files (each rank its own):
     the checkpoint keeps the data's position, so the resumed run reads exactly
@@ -62,7 +62,7 @@ def test_ctrl_c_stops_ring_ranks_at_one_step_and_the_resumed_run_ends_as_if_neve
     small = [*SMALL, "--data", mnist_records]
     argv = mpirun(2, *small, "--checkpoint-dir", str(ckpt))
     with Tasks(str(tmp_path)) as tasks:
-        tasks.start("job", ["env", "OMPI_MCA_odls_base_sigkill_timeout=8", *argv, "--steps", str(STEPS)])
+        tasks.start("job", ["env", "OMPI_MCA_odls_base_sigkill_timeout=5", *argv, "--steps", str(STEPS)])
         signal_at_step(tasks, "job", 40, lambda job: [os.killpg(job.pid, signal.SIGINT) for _ in range(2)])
         assert tasks.wait("job", 60) != 0, tasks.log("job")[-3000:]
         line = stopped_line(tasks.log("job"))

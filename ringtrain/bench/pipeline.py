@@ -183,9 +183,8 @@ def method(result):
 
 
 def markdown(result):
-    return (f"# {title(result)}\n\n" + tables.findings_markdown(finding_sentences(result))
-            + tables.markdown(COLUMNS, table_rows(result)) + notes(result) + "\nHow it was measured: "
-            + method(result))
+    return tables.report(title(result), finding_sentences(result), COLUMNS, table_rows(result), notes(result),
+                         method(result))
 
 
 # --- the pipeline alone, in a process of its own -------------------------------------------

@@ -183,8 +183,8 @@ def notes(result):
 
 
 def markdown(result):
-    return (f"# {title(result)}\n\n" + tables.findings_markdown(finding_sentences(result))
-            + tables.markdown(COLUMNS, table_rows(result)) + "\nHow it was checked: " + method(result))
+    return tables.report(title(result), finding_sentences(result), COLUMNS, table_rows(result), "", method(result),
+                         METHOD)
 
 
 def finding_sentences(result):

@@ -163,9 +163,8 @@ def notes(result):
 
 
 def markdown(result):
-    return (f"# {title(result)}\n\n" + tables.findings_markdown(finding_sentences(result))
-            + tables.markdown(COLUMNS, table_rows(result)) + notes(result) + "\nHow it was measured: "
-            + method(result))
+    return tables.report(title(result), finding_sentences(result), COLUMNS, table_rows(result), notes(result),
+                         method(result))
 
 
 def finding_sentences(result):

@@ -96,6 +96,13 @@ def write_report(out_dir, stem, text, csv_keys, result):
     return text
 
 
+def report(title, findings, columns, rows, notes, method, method_heading="How it was measured"):
+    """A bench report's Markdown, in the order a reader wants it: the title, the
+    findings (one sentence each), the table, notes, and how it was measured."""
+    return (f"# {title}\n\n" + findings_markdown(findings) + markdown(columns, rows) + notes
+            + f"\n{method_heading}: " + method)
+
+
 def findings_markdown(sentences):
     """A report's findings, one sentence each, as a Markdown list under its title."""
     return "".join(f"- {sentence}\n" for sentence in sentences) + "\n" if sentences else ""

@@ -140,6 +140,8 @@ class Training:
             state.stopped = stop.stop_after(number)  # a signal: every process stops after the same step
         while pending:
             state.finish_step(watchdog, *pending.popleft())
+        if state.stopped:
+            mode.on_stop()
         wall_seconds = time.perf_counter() - wall_start
         watchdog.training_done()
         return self._finish(watchdog, state, slowdown, wall_seconds)

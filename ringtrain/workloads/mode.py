@@ -226,6 +226,10 @@ class Mode(abc.ABC):
         """This process's own fields of its end-of-run report."""
         return {}
 
+    def on_stop(self):
+        """Training stops early on a signal, at this process's agreed step: free
+        what may hold another process in the middle of its step (sync PS: tokens)."""
+
     def close(self):
         """After training, done or stopped by a signal, out of its session: what the
         mode does last (a PS chief tells its server tasks that training is over)."""
