@@ -11,6 +11,11 @@ round, so that a machine that drifts slows all of them alike. Each round
 gives its ratios; the report gives the median round's. All measure images/s
 the same way: every rank's timed samples over the slowest rank's timed
 seconds, the warm-up steps excluded.
+
+With `--recipe keras-fit` it prices Horovod's Keras recipe instead: the same
+network, batch and ranks trained by `model.fit` with hvd.DistributedOptimizer
+and Horovod's callbacks (examples/keras_synthetic_benchmark.py), against the
+plain GradientTape script, both with ringtrain's OpenMPI settings, alternating.
 """
 import json
 import os
@@ -22,6 +27,7 @@ from ringtrain.workloads.horovod_env import ringtrains_mpi_env
 from ringtrain.workloads.numbers import median
 
 PLAIN_SCRIPT = os.path.join(launch.REPO, "examples", "plain_horovod.py")
+KERAS_FIT_SCRIPT = os.path.join(launch.REPO, "examples", "keras_synthetic_benchmark.py")
 # ringtrain's own OpenMPI settings, which the plain script gets from the launch
 RINGTRAINS_MPI = ringtrains_mpi_env()
 IMPLS = ("plain", "plain-ompi-defaults", "ringtrain")  # (the runs' tags)
@@ -31,6 +37,13 @@ COLUMNS = [("round", "round"), ("plain", "plain Horovod img/s"), ("ringtrain", "
            ("ringtrain_step", "ringtrain step p50 ms")]
 CSV_KEYS = ["round", "plain_images_per_sec", "ringtrain_images_per_sec", "ratio",
             "plain_ompi_defaults_images_per_sec", "settings_ratio", "plain_step_p50_ms", "ringtrain_step_p50_ms"]
+# --recipe keras-fit
+KERAS_IMPLS = ("plain", "keras-fit")
+KERAS_COLUMNS = [("round", "round"), ("plain", "GradientTape recipe img/s"), ("keras", "Keras fit recipe img/s"),
+                 ("ratio", "fit ÷ GradientTape"), ("plain_step", "GradientTape step p50 ms"),
+                 ("keras_step", "fit step p50 ms")]
+KERAS_CSV_KEYS = ["round", "plain_images_per_sec", "keras_fit_images_per_sec", "ratio", "plain_step_p50_ms",
+                  "keras_fit_step_p50_ms"]
 
 
 def commands(cfg, summary_path):
@@ -41,6 +54,12 @@ def commands(cfg, summary_path):
               "--warmup-steps", str(cfg["warmup_steps"]), "--lr", f"{cfg['lr']:g}", "--threads", str(cfg["threads"])]
     plain = [sys.executable, PLAIN_SCRIPT, "--model", app, "--image-shape", f"{height}x{width}x{channels}",
              *shared]
+    if cfg.get("recipe") == "keras-fit":
+        keras_fit = [sys.executable, KERAS_FIT_SCRIPT, "--model", app, "--image-shape",
+                     f"{height}x{width}x{channels}", *shared]
+        names = sorted(RINGTRAINS_MPI)
+        return {"plain": (launch.mpirun(cfg["np"], plain, usable_cores(), env_names=names), RINGTRAINS_MPI),
+                "keras-fit": (launch.mpirun(cfg["np"], keras_fit, usable_cores(), env_names=names), RINGTRAINS_MPI)}
     ours = [launch.tool("ringtrain"), "--model", cfg["model"], "--dataset", "synthetic",
             "--image-shape", f"{height}x{width}x{channels}", "--optimizer", "sgd", "--no-lr-scaling",
             "--warmup-epochs", "0", "--log-every", str(cfg["steps"]), "--summary-json", summary_path, *shared]
@@ -54,16 +73,26 @@ def run(cfg, out_dir, log=print):
     runs_dir = os.path.join(out_dir, "runs")
     os.makedirs(runs_dir, exist_ok=True)
     environment = describe(threads_per_worker=cfg["threads"], hostfile=None)
+    keras_fit = cfg.get("recipe") == "keras-fit"
+    impls = KERAS_IMPLS if keras_fit else IMPLS
     rows = []
     for round_ in range(1, cfg["rounds"] + 1):
         measured = {}
-        for impl in IMPLS[round_ % len(IMPLS):] + IMPLS[:round_ % len(IMPLS)]:
+        for impl in impls[round_ % len(impls):] + impls[:round_ % len(impls)]:
             tag = f"{impl}-r{round_}"
             summary_path, log_path = (os.path.join(runs_dir, f"{tag}.{ext}") for ext in ("json", "log"))
             cmd, env = commands(cfg, summary_path)[impl]
             log(f"ringtrain-bench: {tag}: {' '.join(os.path.basename(c) if i < 1 else c for i, c in enumerate(cmd))}")
             code = launch.run(cmd, log_path, cfg["timeout"], env=env)
             measured[impl] = _summary(impl, summary_path, log_path, code, tag)
+        if keras_fit:
+            plain, fit = measured["plain"], measured["keras-fit"]
+            rows.append({"round": round_, "plain_images_per_sec": plain["images_per_sec"],
+                         "keras_fit_images_per_sec": fit["images_per_sec"],
+                         "ratio": fit["images_per_sec"] / plain["images_per_sec"],
+                         "plain_step_p50_ms": 1000 * plain["step_time_p50_sec"],
+                         "keras_fit_step_p50_ms": 1000 * fit["step_time_p50_sec"]})
+            continue
         plain, defaults, ours = (measured[impl] for impl in IMPLS)
         rows.append({"round": round_, "plain_images_per_sec": plain["images_per_sec"],
                      "ringtrain_images_per_sec": ours["images_per_sec"],
@@ -73,10 +102,11 @@ def run(cfg, out_dir, log=print):
                      "plain_step_p50_ms": 1000 * plain["step_time_p50_sec"],
                      "ringtrain_step_p50_ms": 1000 * _slowest_rank_step(ours)})
     result = {"config": cfg, "environment": environment, "rows": rows,
-              "median_ratio": median([r["ratio"] for r in rows]),
-              "median_settings_ratio": median([r["settings_ratio"] for r in rows])}
+              "median_ratio": median([r["ratio"] for r in rows])}
+    if not keras_fit:
+        result["median_settings_ratio"] = median([r["settings_ratio"] for r in rows])
     result["environment"]["load_average_at_end"] = list(os.getloadavg())
-    tables.write_report(out_dir, "parity", markdown(result), CSV_KEYS, result)
+    tables.write_report(out_dir, "parity", markdown(result), KERAS_CSV_KEYS if keras_fit else CSV_KEYS, result)
     return result
 
 
@@ -102,6 +132,8 @@ def _slowest_rank_step(summary):
 def markdown(result):
     cfg = result["config"]
     shape = "x".join(map(str, cfg["image_shape"]))
+    if cfg.get("recipe") == "keras-fit":
+        return keras_fit_markdown(result, shape)
     text = (f"# ringtrain against a plain Horovod script: {cfg['model']}, {shape} images, {cfg['np']} ranks "
             f"x batch {cfg['batch_size']}, {cfg['threads']} TF thread(s) each\n\n"
             f"All under mpirun, SGD, {cfg['steps']} steps of which {cfg['warmup_steps']} are warm-up, in "
@@ -118,3 +150,21 @@ def markdown(result):
         for r in result["rows"]])
     return text + (f"\nMedian round: ringtrain ÷ plain = {result['median_ratio']:.3f}; plain with ringtrain's "
                    f"OpenMPI settings ÷ plain with OpenMPI's defaults = {result['median_settings_ratio']:.3f}.\n")
+
+
+def keras_fit_markdown(result, shape):
+    cfg = result["config"]
+    text = (f"# Horovod's Keras fit recipe against its GradientTape recipe: {cfg['model']}, {shape} images, "
+            f"{cfg['np']} ranks x batch {cfg['batch_size']}, {cfg['threads']} TF thread(s) each\n\n"
+            f"Both under mpirun with the OpenMPI settings ringtrain sets for itself "
+            f"({', '.join(f'{k}={v}' for k, v in sorted(RINGTRAINS_MPI.items()))}), SGD, {cfg['steps']} steps of "
+            f"which {cfg['warmup_steps']} are warm-up, in {cfg['rounds']} round(s), the order alternating. "
+            f"GradientTape: examples/plain_horovod.py; fit: examples/keras_synthetic_benchmark.py (model.fit, "
+            f"hvd.DistributedOptimizer, the broadcast and metric-average callbacks, epochs of 10 steps). img/s: "
+            f"every rank's timed samples over the slowest rank's timed seconds. Columns: bench/COLUMNS.md.\n\n")
+    text += tables.markdown(KERAS_COLUMNS, [{
+        "round": r["round"], "plain": tables.fmt(r["plain_images_per_sec"], 1),
+        "keras": tables.fmt(r["keras_fit_images_per_sec"], 1), "ratio": f"{r['ratio']:.3f}",
+        "plain_step": tables.fmt(r["plain_step_p50_ms"], 0), "keras_step": tables.fmt(r["keras_fit_step_p50_ms"], 0)}
+        for r in result["rows"]])
+    return text + f"\nMedian round: fit ÷ GradientTape = {result['median_ratio']:.3f}.\n"

@@ -18,7 +18,7 @@ REPORTS = {
     "convergence": (("convergence",), "Time to accuracy: sync against async", ("Convergence bench",)),
     "project": (("project",), "Projected scaling: ring against PS", ("Projection",)),
     "project-check": (("project-check",), "The projection's model against a measured run", ("Projection",)),
-    "parity": (("parity",), "ringtrain against a plain Horovod script", ("Parity bench",)),
+    "parity": (("parity",), "Against a plain Horovod script", ("Parity bench",)),
 }
 
 

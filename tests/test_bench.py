@@ -298,7 +298,7 @@ def test_every_column_header_is_defined_in_columns_md():
     from ringtrain.bench import allreduce, convergence, parity, straggler
     doc = open(os.path.join(os.path.dirname(scaling_report.__file__), "COLUMNS.md")).read()
     for _, header in (scaling_report.COLUMNS + allreduce.COLUMNS + straggler.COLUMNS + convergence.COLUMNS
-                      + parity.COLUMNS):
+                      + parity.COLUMNS + parity.KERAS_COLUMNS):
         assert f"| {header} |" in doc, header
 
 
