@@ -1,3 +1,3 @@
-from ringtrain.ps_baseline.cli import main
+from ps_baseline.cli import main
 
 raise SystemExit(main())

@@ -5,14 +5,17 @@ import argparse
 import os
 import sys
 
-from ringtrain.ps_baseline.cluster import check_port_free, check_task, make_cluster
+from ps_baseline.cluster import check_port_free, check_task, make_cluster
+from ringtrain import modes
 from ringtrain.multihost.slurm_step import DEFAULT_PORT_BASE
-from ringtrain.ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode, ps_config
-from ringtrain.ps_baseline.scheduled import place, started_by_a_launcher
+from ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode, ps_config
+from ps_baseline.scheduled import place, started_by_a_launcher
 from ringtrain.workloads import config as run_config
-from ringtrain.workloads.errors import UsageError, run_cli
+from ringtrain.common.errors import UsageError, run_cli
 from ringtrain.workloads.outputs import check_outputs
-from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
+from ringtrain.workloads.preemption import PREEMPTION
+from ringtrain.common.parsing import add_version, positive_int
+from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data
 
 CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name")  # a task's place: all given, or none under a launcher
 SEED_HOSTS = "--ps_hosts=localhost:2222,localhost:2223 --worker_hosts=localhost:2224,localhost:2225"
@@ -33,12 +36,18 @@ One process, one tower per device: {PROG} towers --help
 """
 
 
+USAGE = f"""{PROG} [FLAGS]                      one task of a PS cluster (the flags below)
+       {PROG} launch [FLAGS]               a whole PS cluster, one process per task ({PROG} launch --help)
+       {PROG} towers --towers K [FLAGS]    one process, one tower per device ({PROG} towers --help)"""
+
+
 def task_parser():
     parser = OneLineParser(
-        prog=PROG, description="One task of TensorFlow's parameter-server training, as the classic "
+        prog=PROG, usage=USAGE, description="One task of TensorFlow's parameter-server training, as the classic "
         "distributed-TensorFlow tutorials run their MNIST: PS tasks serve variables, workers train with "
         "between-graph replication.",
         epilog=TASK_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version(parser)
     g = parser.add_argument_group("cluster (the classic tutorials' flags)")
     g.add_argument("--ps_hosts", metavar="H:P,...", help="comma-separated PS host:port list")
     g.add_argument("--worker_hosts", metavar="H:P,...",
@@ -61,6 +70,24 @@ def task_parser():
 
 def run_task(argv):
     args = task_parser().parse_args(argv)
+    PREEMPTION.install(PROG)  # a scheduler's signal: ends at once, or, once training runs, saves first
+    cluster = place_task(args)
+    mode = modes.chosen("ps-baseline", args)
+    job, index = mode.trainer_task
+    trains = args.job_name == job and index in (None, args.task_index)
+    dataset = load_training_data(args) if trains else None  # numpy: bad paths fail before TF loads
+
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly
+    tf = import_tensorflow_quietly()
+    if trains:
+        return mode.load("train")(run_config.from_args(args), ps_config(args), cluster, args.task_index, dataset)
+    return mode.load("serve")(tf, cluster, args.job_name, args.task_index, args.threads,
+                              lambda msg: print(msg, flush=True))
+
+
+def place_task(args):
+    """This task's cluster, from its flags or its launcher's rank, checked; the
+    warning of where its server listens."""
     given = [flag for flag in CLUSTER_FLAGS if getattr(args, flag)]
     if not given and started_by_a_launcher():
         place(args)  # mpirun's or srun's rank decides the task
@@ -82,46 +109,16 @@ def run_task(argv):
         print(f"{PROG}: {args.job_name} task {args.task_index}: warning: TF's gRPC server at {address} listens on "
               f"every interface and runs any graph sent to it, without authentication: keep port "
               f"{address.rsplit(':', 1)[1]} closed to all but the cluster's hosts", flush=True)
-    trains = args.job_name == ("chief" if args.api == "tf2" else "worker") and \
-        (args.replication == "between-graph" or args.task_index == 0)
-    dataset = load_training_data(args) if trains else None  # numpy: bad paths fail before TF loads
-
-    from ringtrain.workloads.devices import local_index, pin_gpu
-    from ringtrain.workloads.tfenv import import_tensorflow_quietly, set_threads
-    tf = import_tensorflow_quietly()
-    from ringtrain.ps_baseline import servers
-    config, ps = run_config.from_args(args), ps_config(args)
-    log = lambda msg: print(msg, flush=True)
-    if args.api == "tf2":
-        from ringtrain.ps_baseline import worker_tf2
-        if trains:
-            return worker_tf2.train(config, ps, cluster, dataset)
-        return worker_tf2.serve(tf, cluster, args.job_name, args.task_index, args.threads, log)
-    in_graph = args.replication == "in-graph"
-    if args.job_name == "ps" or (in_graph and args.task_index != 0):
-        set_threads(args.threads)
-        # A PS task computes on no GPU; an in-graph tower worker on its place among its host's workers.
-        pin_gpu(local_index(cluster.worker, args.task_index) if args.job_name == "worker" else None)
-        # PS tasks serve variables; in in-graph replication, workers other than the
-        # client serve their tower and stop with the client.
-        server = servers.start_server(tf, cluster, args.job_name, args.task_index, args.threads)
-        client = ("the in-graph client (worker 0)", cluster.worker[0]) if in_graph else None
-        return servers.serve(tf, server, args.job_name, args.task_index, args.threads, log, watch=client,
-                             told_by=cluster.worker[0])
-    if in_graph:
-        from ringtrain.ps_baseline import worker_ingraph
-        return worker_ingraph.train(config, ps, cluster, dataset)
-    from ringtrain.ps_baseline import worker_v1
-    return worker_v1.train(config, ps, cluster, args.task_index, dataset)
+    return cluster
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "launch":
-        from ringtrain.ps_baseline import launcher
+        from ps_baseline import launcher
         return run_cli(f"{PROG} launch", launcher.main, argv[1:])
     if argv and argv[0] == "towers":
-        from ringtrain.ps_baseline import towers
+        from ps_baseline import towers
         return run_cli(f"{PROG} towers", towers.main, argv[1:], exit_at_once=True)
     return run_cli(PROG, run_task, argv, exit_at_once=True)
 

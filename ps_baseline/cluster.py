@@ -5,7 +5,7 @@ import socket
 from dataclasses import dataclass, field
 
 from ringtrain.multihost.net import is_local_host
-from ringtrain.workloads.errors import UsageError
+from ringtrain.common.errors import UsageError
 
 JOBS = ("ps", "worker", "chief")
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "0.0.0.0", "::1", "[::1]", ""}

@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -22,11 +21,16 @@ from dataclasses import dataclass
 
 from ringtrain.multihost import hostfile, procs
 from ringtrain.multihost.private_net import PrivateNetwork
-from ringtrain.ps_baseline.options import EXPOSURE_SAID_ENV, NO_RESTARTS_ENV, PROG, add_mode_flags, check_mode
-from ringtrain.workloads.console import Console
-from ringtrain.workloads.errors import EXIT_STOPPED, UsageError
-from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, positive_int
+from ps_baseline import losses
+from ps_baseline.losses import NO_RESTARTS_ENV
+from ps_baseline.options import EXPOSURE_SAID_ENV, PROG, add_mode_flags, check_mode, ps_config
+from ps_baseline.servers import TASK_DATA_ENV
+from ringtrain.workloads.console import PROGRESS_AS_DATA_ENV, Console
+from ringtrain.common.errors import EXIT_PREEMPTED, EXIT_STOPPED, UsageError
+from ringtrain.common.parsing import add_version, positive_int
+from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data
 from ringtrain.workloads.outputs import check_outputs
+from ringtrain.workloads.preemption import SIGNALS as PREEMPTION_SIGNALS
 from ringtrain.workloads.summary import FULL_SUMMARY_LINE_ENV
 
 WORKERS_GRACE_SEC = 60  # after the chief is done, time for the others to finish
@@ -71,6 +75,7 @@ def launch_parser():
                            parents=[launch_only_parser()],
                            description="Start a whole PS cluster (one process per task, on this machine "
                            "or over ssh on the hosts of a hostfile) and print the chief's JSON summary last.")
+    add_version(parser)
     add_mode_flags(parser)
     add_training_flags(parser, summary_json=False)
     return parser
@@ -152,14 +157,15 @@ def exposure(net, across_hosts):
 def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, net):
     words = task_words(argv)
     output = TaskOutput(across_hosts=args.hostfile is not None, chief=chief.name, console=console)
-    running = {}
-    previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+    running, signals = {}, Signals()
+
     def start(task):
-        argv_ = [sys.executable, "-m", "ringtrain.ps_baseline", *cluster_words, f"--job_name={task.job}",
+        argv_ = [sys.executable, "-m", "ps_baseline", *cluster_words, f"--job_name={task.job}",
                  f"--task_index={task.index}", *words]
-        env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", EXPOSURE_SAID_ENV: "1"}
+        env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", EXPOSURE_SAID_ENV: "1", TASK_DATA_ENV: "1"}
         if task is chief:
-            env[FULL_SUMMARY_LINE_ENV] = "1"  # its summary comes back through its output
+            env[FULL_SUMMARY_LINE_ENV] = "1"  # its summary and its progress come back as data
+            env[PROGRESS_AS_DATA_ENV] = "1"
             if not args.restart_workers:
                 env[NO_RESTARTS_ENV] = "1"
         running[task.name] = procs.Process(net.wrap(argv_), name=task.name, host=task.host, cwd=os.getcwd(),
@@ -168,19 +174,23 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
     try:
         for task in tasks:
             start(task)
-        failed = watch(running, chief.name, WorkerLosses(args, tasks, chief, start, console))
+        failed = watch(running, chief.name, WorkerLosses(args, tasks, chief, start, console), signals, console)
         if failed is None:
             # The chief is done: the others finish their reports, the PS tasks shut down.
             # (A worker the chief summarised without is dead or frozen: not worth waiting for.)
             reported = (output.summary or {}).get("reporting_workers")
             procs.wait_all([running[t.name] for t in tasks if t is not chief and not (
                 t.job == "worker" and reported is not None and t.index not in reported)], WORKERS_GRACE_SEC)
+        elif failed is running[chief.name] and (failed.returncode == EXIT_PREEMPTED or signals.deadline):
+            # stopped by a signal (to any task): the chief said where, and saved; the others are ending
+            procs.wait_all([p for p in running.values() if p is not failed], 5)
     finally:
         procs.stop_all(list(running.values()))
-        signal.signal(signal.SIGTERM, previous_sigterm)
+        signals.restore()
 
     chief_process = running[chief.name]
-    if failed is not None:
+    stopped = failed is chief_process and failed.returncode == EXIT_PREEMPTED
+    if failed is not None and not stopped:
         where = f" on {failed.host}" if args.hostfile else ""
         sys.stderr.write(f"{PROG} launch: {failed.name}{where} {failed.describe_exit()}; stopped every "
                          f"task{' on every host' if args.hostfile else ''}\n")
@@ -188,78 +198,135 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
             return EXIT_STOPPED
         code = chief_process.returncode
         return code if code is not None and code > 0 else 1
-    if chief_process.returncode != 0:
+    if chief_process.returncode not in (0, EXIT_PREEMPTED):
         return chief_process.returncode
     if output.summary is None:
         raise UsageError("the chief finished but printed no summary")
-    summary = dict(output.summary, launch={
+    summary = dict(output.summary, worker_devices=output.worker_devices(args.num_workers) or
+                   output.summary.get("worker_devices"), launch={
         "num_ps": args.num_ps, "num_workers": args.num_workers, "hostfile": args.hostfile,
         "ps_hosts": address_list("ps").split(","), "worker_hosts": address_list("worker").split(",")})
     console.finish(summary, args.summary_json)
-    return 0
+    return EXIT_PREEMPTED if stopped else 0
 
 
 class TaskOutput:
-    """Every task's lines on our stdout, prefixed with [task] or [host task];
-    the chief's JSON summary is kept, not shown (we print our own). On a
-    terminal, the chief's progress lines become the progress bar, drawn here:
-    a task's own output is a pipe to us."""
-    PROGRESS = re.compile(r"\bstep (\d+)/(\d+)\b")
+    """Every task's lines on our stdout, prefixed with [task] or [host task].
+    What tasks say as data (a JSON object on a line) is kept, not shown: what
+    each task computes on; the chief's progress, drawn here (a bar on a
+    terminal: a task's own output is a pipe to us); the chief's summary (we
+    print our own)."""
 
     def __init__(self, across_hosts, chief, console):
         self.across_hosts, self.chief, self.console = across_hosts, chief, console
-        self.summary = None
+        self.summary, self.pinned = None, {}
         self._lock = threading.Lock()
 
     def write(self, process, line):
-        if process.name == self.chief and line.startswith("{"):
-            try:
-                self.summary = json.loads(line)
-                return
-            except ValueError:
-                pass
         tag = f"{process.host} {process.name}" if self.across_hosts else process.name
-        progress = self.PROGRESS.search(line) if self.console.bar and process.name == self.chief else None
+        data = self._data(process, line)
         with self._lock:
-            if progress:
-                self.console.progress(int(progress.group(1)), int(progress.group(2)), f"[{tag}] {line.strip()}")
-            else:
+            if data is None:
                 self.console.line(f"[{tag}] {line.rstrip(chr(10))}")
+            elif "pinned" in data:
+                pinned = data["pinned"]
+                self.pinned[(pinned["job"], pinned["task"])] = pinned["device"]
+            elif "progress" in data:
+                progress = data["progress"]
+                self.console.progress(progress["step"], progress["total"], f"[{tag}] {progress['text']}")
+            else:
+                self.summary = data
+
+    def _data(self, process, line):
+        """What a task writes as data (a JSON object on a line: the chief's
+        progress and summary, any task's device), else None."""
+        if not line.startswith("{"):
+            return None
+        try:
+            data = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or (process.name != self.chief and "pinned" not in data):
+            return None
+        return data
+
+    def worker_devices(self, workers):
+        """What each worker task computes on, as each said, or None if one did not say."""
+        devices = [self.pinned.get(("worker", i)) for i in range(workers)]
+        return devices if None not in devices else None
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+class Signals:
+    """A scheduler's signal (or Ctrl-C) to `launch` is passed on to every task:
+    the job stops at a step its workers agree on, and the chief saves there
+    (ringtrain/workloads/preemption.py). Each signal is passed on once it comes."""
+    DEADLINE_SEC = 28  # for the chief to save and end after the first signal (SLURM waits 30 s)
+
+    def __init__(self):
+        self.received, self.passed_on, self.deadline = [], 0, None
+        self._previous = {sig: signal.signal(sig, self._note) for sig in PREEMPTION_SIGNALS}
+
+    def _note(self, signum, frame):
+        self.received.append(signum)
+
+    def pass_on(self, running, console):
+        """Pass on the signals received since the last call; True once any came."""
+        for signum in self.received[self.passed_on:]:
+            if self.deadline is None:
+                self.deadline = time.monotonic() + self.DEADLINE_SEC
+                console.line(f"{PROG} launch: {signal.Signals(signum).name}: passed on to every task; the job "
+                             f"stops at a step its workers agree on, and the chief saves there")
+            for process in running.values():
+                process.send_signal(signum)
+        self.passed_on = len(self.received)
+        return self.deadline is not None
+
+    def restore(self):
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
-def watch(running, chief_name, losses):
+def watch(running, chief_name, losses, signals, console):
     """Wait until the chief exits 0 (returns None) or a task fails in a way
-    training cannot survive (returns it)."""
+    training cannot survive (returns it). After a signal, only the chief's
+    end counts (the others end as the job stops), or the deadline."""
     while True:
+        stopping = signals.pass_on(running, console)
         for name, process in list(running.items()):
             status = process.poll()
             if status is None or name in losses.lost:
                 continue
             if name == chief_name:
                 return None if status == 0 else process
-            if status != 0 and not losses.survive(process):
+            if status == EXIT_PREEMPTED and not stopping:
+                # a task sent a signal before its training started left at once: the job stops, as if
+                # this launcher had been sent it
+                signals.received.append(signal.SIGTERM)
+                losses.lost.add(name)
+                continue
+            if status != 0 and not stopping and not losses.survive(process):
                 return process
+        if stopping and time.monotonic() > signals.deadline:
+            console.line(f"{PROG} launch: the chief did not stop within {signals.DEADLINE_SEC} s of the signal; "
+                         "ending every task")
+            return running[chief_name]
         time.sleep(0.2)
 
 
 class WorkerLosses:
     """What a dead non-chief worker means: a restart (--restart-workers), or
-    training going on without it where the mode allows (async; sync with K
-    below the workers left), in one line either way."""
+    training going on without it where the mode allows (ps_baseline/losses.py),
+    in one line either way."""
 
     def __init__(self, args, tasks, chief, start, console):
         self.args, self.start, self.console = args, start, console
+        self.ps = ps_config(args)
         self.workers = {t.name: t for t in tasks if t.job == "worker" and t is not chief}
-        self.tf2_or_in_graph = args.api == "tf2" or args.replication == "in-graph"
         self.restarts, self.lost = {}, set()
 
     def survive(self, process):
         task = self.workers.get(process.name)
-        if task is None or self.tf2_or_in_graph:  # PS tasks, the chief; and modes built on every worker
+        if task is None or not losses.rejoins(self.ps):  # PS tasks, the chief; a worker every step runs on
             return False
         if process.returncode == EXIT_STOPPED:  # it stopped the training on purpose, and said why
             return False
@@ -271,11 +338,11 @@ class WorkerLosses:
                               "rejoins where it left off")
             self.start(task)
             return True
-        left = len(self.workers) - len(self.lost)  # alive without this one: the chief and the others
-        needed = (self.args.replicas_to_aggregate or len(self.workers) + 1) if self.args.sync else 1
-        if left < needed:
+        workers, alive = len(self.workers) + 1, len(self.workers) - len(self.lost)  # (alive without this one)
+        if not losses.goes_on_without(self.ps, workers, alive):
             return False
         self.lost.add(task.name)
-        how = "async" if not self.args.sync else f"sync with {needed} of {len(self.workers) + 1} per update"
-        self.console.line(f"{died}; training goes on without it ({how}, {left} worker(s) left)")
+        how = "async" if not self.ps.sync else f"sync with {losses.workers_needed(self.ps, workers)} of {workers} " \
+            "per update"
+        self.console.line(f"{died}; training goes on without it ({how}, {alive} worker(s) left)")
         return True

@@ -4,8 +4,9 @@ import argparse
 from dataclasses import dataclass
 
 from ringtrain.workloads.catalog import simulated_step_ms
-from ringtrain.workloads.errors import UsageError
-from ringtrain.workloads.flags import positive_float, positive_int, refuse_sync_batch_norm
+from ringtrain.common.errors import UsageError
+from ringtrain.common.parsing import positive_float, positive_int
+from ringtrain.workloads.flags import refuse_sync_batch_norm
 from ringtrain.workloads.straggler import check as check_straggler
 from ringtrain.workloads.user_models import is_user_model
 
@@ -13,9 +14,8 @@ PROG = "ps-baseline"
 PLACEMENTS = ("round_robin", "greedy", "partitioned")  # see ps_baseline/placement.py
 # Set by `launch` for its tasks: it has said where their servers can be reached.
 EXPOSURE_SAID_ENV = "PS_BASELINE_EXPOSURE_SAID"
-# Set by `launch` without --restart-workers: a dead worker will not come back, so the
-# chief need not wait --report-timeout for its report (a person restarting it by hand might).
-NO_RESTARTS_ENV = "PS_BASELINE_NO_RESTARTS"
+# How a PS job goes on after it ended: its checkpoints are the chief's.
+RESUME = "restart the cluster with --resume (the same --checkpoint-dir) to go on from the last checkpoint"
 
 
 def parse_bool(text):

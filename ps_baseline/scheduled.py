@@ -10,8 +10,9 @@ multihost.launched: free ports shared through MPI, or under a plain srun
 import os
 
 from ringtrain.multihost import launched
-from ringtrain.ps_baseline.options import EXPOSURE_SAID_ENV, NO_RESTARTS_ENV, PROG
-from ringtrain.workloads.errors import UsageError
+from ps_baseline.losses import NO_RESTARTS_ENV
+from ps_baseline.options import EXPOSURE_SAID_ENV, PROG
+from ringtrain.common.errors import UsageError
 
 
 def started_by_a_launcher():

@@ -10,9 +10,11 @@ towers add are marked `# Towers:`.
 """
 from ringtrain.workloads import config as run_config
 from ringtrain.workloads import loop
-from ringtrain.workloads.flags import (OneLineParser, add_training_flags, load_training_data, positive_int,
-                                      refuse_sync_batch_norm)
+from ringtrain.workloads.mode import Alone, Identity, Mode, StepResult, StragglerWait
+from ringtrain.common.parsing import add_version, positive_int
+from ringtrain.workloads.flags import OneLineParser, add_training_flags, load_training_data, refuse_sync_batch_norm
 from ringtrain.workloads.outputs import check_outputs
+from ringtrain.workloads.preemption import PREEMPTION
 from ringtrain.workloads.sharding import steps_per_epoch
 from ringtrain.workloads.straggler import check as check_straggler
 
@@ -22,6 +24,7 @@ PROG = "ps-baseline towers"
 def parser():
     p = OneLineParser(prog=PROG, description="One process, one tower per device (K GPUs, or the CPU split "
                       "into K logical devices): gradients averaged on the CPU, applied once per step.")
+    add_version(p)
     p.add_argument("--towers", type=positive_int, default=2, metavar="K", help="towers (default %(default)s)")
     add_training_flags(p)
     return p
@@ -30,8 +33,8 @@ def parser():
 def tower_devices(tf, k):
     """K GPUs if there are as many, else the CPU split into K logical devices.
     Must run before TF's runtime starts."""
-    gpus = tf.config.list_physical_devices("GPU")
-    if len(gpus) >= k:
+    from ringtrain.workloads.devices import gpu_count
+    if gpu_count(tf) >= k:  # Towers: one GPU each (with GPUs assumed by name, TF places their ops on the CPU)
         return [f"/device:GPU:{i}" for i in range(k)]
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * k)
@@ -40,6 +43,7 @@ def tower_devices(tf, k):
 
 def main(argv):
     args = parser().parse_args(argv)
+    PREEMPTION.install(PROG)  # a scheduler's signal: ends at once, or, once training runs, saves first
     check_outputs(args)
     dataset = load_training_data(args)  # numpy: bad input fails before TF loads
     check_straggler(args.straggler, args.towers, "tower")
@@ -51,9 +55,6 @@ def main(argv):
 
 def train(config, k, dataset):
     import tensorflow as tf
-    from ringtrain.workloads import models, pipeline
-    from ringtrain.workloads.checkpoints import ObjectStore, Progress
-    from ringtrain.workloads.evaluation import metrics_of
     if config.data.threads:
         # Towers: one pool thread per tower, so the towers compute side by side.
         tf.config.threading.set_intra_op_parallelism_threads(config.data.threads)
@@ -65,32 +66,52 @@ def train(config, k, dataset):
         model = config.model.build()
         optimizer = config.optimizer.keras()
         optimizer.build(model.trainable_variables)
-    per_epoch = steps_per_epoch(len(dataset.train_labels), k, config.data.batch_size)
-    run = loop.Training(config, loop.Mode("towers", PROG, k, local_workers=tuple(range(k)), worker_word="tower",
-                                          waits_in_graph=True, device=", ".join(devices)), dataset, per_epoch,
-                        store=ObjectStore(config.loop.keep_checkpoints, model=model, optimizer=optimizer))
-    progress = run.resume() or Progress()
-    skip = progress.batches_done(k, config.data.batch_size)
-    # Towers: each tower reads its own disjoint shard of every epoch, as a worker would.
-    towers = [pipeline.batches_from(dataset, i, k, config.data.batch_size, config.data.seed, progress.epoch, skip,
-                                    config.data.threads) for i in range(k)]
-    train_step = make_train_step(tf, model, optimizer, devices)
+    loop.Training(config, dataset, Towers(tf, config, dataset, model, optimizer, devices)).run()
+    return 0
 
-    def step(number, batches, straggler):
-        # --straggler: how many times its compute each tower waits after it, this step
-        loss_sum, samples, applied, broke, waited = train_step(batches, tf.constant(straggler))
-        return loop.StepResult(loss_sum, samples, bool(applied), waited=waited.numpy(),
-                               broke=tuple(int(i) for i in tf.where(broke).numpy().ravel()))
 
-    def together(towers):
+class Towers(Mode):
+    """The towers' one process, as the shared loop runs it."""
+
+    def __init__(self, tf, config, dataset, model, optimizer, devices):
+        from ringtrain.workloads.checkpoints import ObjectStore
+        from ringtrain.workloads.evaluation import metrics_of
+        k = len(devices)
+        self.tf, self.config, self.dataset, self.model, self.devices = tf, config, dataset, model, devices
+        self.identity = Identity("towers", PROG, k, local_workers=tuple(range(k)), worker_word="tower",
+                                 device=", ".join(devices))
+        self.agree, self.straggler = Alone(), StragglerWait.IN_STEP
+        self.store = ObjectStore(config.loop.keep_checkpoints, model=model, optimizer=optimizer)
+        self.steps_per_epoch = steps_per_epoch(len(dataset.train_labels), k, config.data.batch_size)
+        self.describe = f"{k} tower(s) on {', '.join(devices)} x batch {config.data.batch_size}"
+        self.train_step, self.evaluate = make_train_step(tf, model, optimizer, devices), metrics_of(model)
+
+    def start(self, restored):
+        from ringtrain.workloads.checkpoints import Progress
+        return restored or Progress()
+
+    def batches(self, start):
+        from ringtrain.workloads import pipeline
+        c, k = self.config.data, self.identity.workers
+        # Towers: each tower reads its own disjoint shard of every epoch, as a worker would.
+        towers = [pipeline.batches_from(self.dataset, i, k, c.batch_size, c.seed, start.epoch,
+                                        start.batches_done(k, c.batch_size), c.threads) for i in range(k)]
         for parts in zip(*towers):
             yield parts[0][0], parts[0][1], [batch for _, _, batch in parts]
 
-    run.run(step, together(towers), start=progress, describe=f"{k} tower(s) on {', '.join(devices)} x batch "
-            f"{config.data.batch_size}", metrics=metrics_of(model),
-            read_weights=lambda: models.named_weights(model),
-            fields=lambda reports: dict(devices=devices, gradient_bytes=models.gradient_bytes(model)))
-    return 0
+    def step(self, number, batches, straggler):
+        # --straggler: how many times its compute each tower waits after it, this step
+        loss_sum, samples, applied, broke, waited = self.train_step(batches, self.tf.constant(straggler))
+        return StepResult(loss_sum, samples, bool(applied), waited=waited.numpy(),
+                          broke=tuple(int(i) for i in self.tf.where(broke).numpy().ravel()))
+
+    def weights(self):
+        from ringtrain.workloads import models
+        return models.named_weights(self.model)
+
+    def summary_fields(self, reports):
+        from ringtrain.workloads import models
+        return dict(devices=self.devices, gradient_bytes=models.gradient_bytes(self.model))
 
 
 def make_train_step(tf, model, optimizer, devices):

@@ -7,21 +7,22 @@ One client, worker 0, builds one graph: the variables on the PS job (by
 averages the towers' gradients and applies them once: synchronous by
 construction. The other workers and the PS tasks only serve (the tutorials'
 server.join()) until the client says training is over. Everything else is
-the shared loop's (workloads/loop.py).
+the shared loop's (workloads/loop.py), and what it shares with between-graph
+replication is graph_mode.py.
 
 Why the tutorials call it rarely used: the client's feed carries every
 tower's input, and if the client dies, everything stops. Lines that
 distribution adds are marked `# PS:`.
 """
-import functools
 import math
 from dataclasses import dataclass
 
-from ringtrain.ps_baseline import placement, servers
-from ringtrain.ps_baseline.options import PROG
-from ringtrain.ps_baseline.worker_v1 import RESUME, Feeds, Sessions, graph_mode
+from ps_baseline import placement, servers
+from ps_baseline.graph_mode import Feeds, GraphMode, Sessions, graph_mode
+from ps_baseline.options import PROG, RESUME
 from ringtrain.workloads import loop
-from ringtrain.workloads.sharding import epoch_shard, steps_per_epoch
+from ringtrain.workloads.mode import Identity, StepResult, StragglerWait, Topology
+from ringtrain.workloads.sharding import steps_per_epoch
 
 CLIENT = 0  # the worker task that builds the graph and drives training
 
@@ -37,7 +38,8 @@ class Tower:
 
 
 @dataclass
-class InGraph:
+class ClientGraph:
+    """The one graph the client builds: a tower per worker task."""
     towers: list
     train_op: object
     finite: object        # the towers' mean gradient was finite (else the update was skipped)
@@ -98,90 +100,90 @@ def build_graph(tf, config, ps, cluster_spec, image_shape):
     serving = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers) if i != CLIENT]
     shutdown = servers.shutdown_ops(tf, serving)
     per_ps = placement.describe(tf.compat.v1.trainable_variables())[1]
-    return InGraph(towers, train_op, finite, applied_step, global_step, test_metrics, model_variables,
+    return ClientGraph(towers, train_op, finite, applied_step, global_step, test_metrics, model_variables,
                    models.is_simulated(model), [per_ps.get(f"/job:ps/task:{i}", 0) for i in range(num_ps)],
                    shutdown)
 
 
-def train(config, ps, cluster, dataset):
-    from ringtrain.workloads.checkpoints import GraphStore
-    from ringtrain.workloads.devices import pin_gpu
-    from ringtrain.workloads.tfenv import import_tensorflow_quietly, session_config, set_threads
+def train(config, ps, cluster, task, dataset):
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly, set_threads
     tf = import_tensorflow_quietly()
     set_threads(config.data.threads)
-    device = pin_gpu(0)  # PS: the client's own tower (worker 0) computes on its host's first GPU
+    device = servers.pin_task(cluster, "worker", CLIENT)  # PS: the client's own tower, as every worker's
     graph_mode(tf)
-    num_workers, num_ps = len(cluster.worker), len(cluster.ps)
-
     # PS: the client's gRPC server; every other task must be up before the graph runs.
     server = servers.start_server(tf, cluster, "worker", CLIENT, config.data.threads)
     servers.wait_for_tasks(cluster, "ps", ps.startup_timeout)
     servers.wait_for_tasks(cluster, "worker", ps.startup_timeout)
     g = build_graph(tf, config, ps, tf.train.ClusterSpec(cluster.as_dict()), dataset.train_images.shape[1:])
-    store = GraphStore(tf, keep=config.loop.keep_checkpoints)
-    per_epoch = steps_per_epoch(len(dataset.train_labels), num_workers, config.data.batch_size)
-    sessions = Sessions(tf, server, session_config(tf, config.data.threads))
-    serving = [(f"ps task {i}", a) for i, a in enumerate(cluster.ps)] + \
-        [(f"worker task {i} (tower {i})", a) for i, a in enumerate(cluster.worker) if i != CLIENT]
-    run = loop.Training(config, loop.Mode(
-        "ps-ingraph", PROG, num_workers, local_workers=tuple(range(num_workers)), worker_word="tower",
-        prefix="client: ", waits_in_graph=True, servers=serving, advice=RESUME,
-        device=device),
-        dataset, per_epoch, store=store)
-    if ps.show_placement:
-        run.console.line(placement.format_table(*placement.describe(g.model_variables), ps.placement))
-        run.console.line("towers: " + ", ".join(f"tower {i} on {t.device}" for i, t in enumerate(g.towers))
-                         + f"; the client (worker {CLIENT}) feeds them all and averages their gradients")
-    run.resume()
-    run.console.line(f"in-graph replication: {'restoring ' + store.restore_path if store.restore_path else 'initialising'}"
-                     f"; {num_workers} tower(s) on {num_workers} worker task(s), {num_ps} ps, placement {ps.placement}")
-    with tf.compat.v1.train.MonitoredSession(
-            session_creator=store.session_creator(True, server.target, sessions.config, ps.startup_timeout),
-            stop_grace_period_secs=3) as session:
-        sessions.monitored = session
-        store.run_in_session = sessions.in_session
-        summary = train_steps(run, session, sessions, g, config, ps, cluster, dataset, per_epoch)
-    # PS: training is over; let every serving task exit.
-    sessions.plain(g.shutdown)
+    summary = loop.Training(config, dataset, InGraph(tf, config, ps, cluster, dataset, server, g, device)).run()
     return 0 if summary else 1
 
 
-def train_steps(run, session, sessions, g, config, ps, cluster, dataset, per_epoch):
-    """The client's loop: every step feeds each tower its own shard's batch."""
-    from ringtrain.workloads.models import variable_name
-    num_towers = len(g.towers)
-    start = int(sessions.run(g.global_step))
-    if start:
-        run.console.line(f"resuming at step {start}")
-    shard = functools.lru_cache(maxsize=num_towers)(
-        lambda epoch, i: epoch_shard(len(dataset.train_labels), i, num_towers, config.data.batch_size,
-                                     config.data.seed, epoch))
+def serve(tf, cluster, job, task, threads, log):
+    """PS tasks, and the tower workers other than the client: serve their
+    variables or their tower until the client says training is over (or is gone)."""
+    return servers.serve_task(tf, cluster, job, task, threads, log,
+                              watch=("the in-graph client (worker 0)", cluster.worker[CLIENT]))
 
-    def batches():
-        step = start
-        while not session.should_stop():
-            epoch, batch = divmod(step, per_epoch)
-            # PS: the client feeds every tower: its bandwidth caps in-graph replication.
-            feed = {}
-            for i, tower in enumerate(g.towers):
-                feed.update(tower.feeds.train_batch(dataset, shard(epoch, i), batch, config.data.batch_size))
-            yield epoch, batch + 1, feed
-            step += 1
 
-    def step(number, feed, straggler):
+class InGraph(GraphMode):
+    """The in-graph client, as the shared loop runs it: every step feeds each
+    tower its own shard's batch."""
+
+    def __init__(self, tf, config, ps, cluster, dataset, server, g, device):
+        from ringtrain.workloads.checkpoints import GraphStore
+        from ringtrain.workloads.tfenv import session_config
+        num_workers = len(cluster.worker)
+        self.tf, self.config, self.ps, self.cluster, self.dataset, self.g = tf, config, ps, cluster, dataset, g
+        self.is_chief = True
+        self.identity = Identity("ps-ingraph", PROG, num_workers, local_workers=tuple(range(num_workers)),
+                                 worker_word="tower", prefix="client: ", device=device)
+        self.sessions = Sessions(tf, server, session_config(tf, config.data.threads))
+        self.agree = servers.Coordinating(lambda: servers.StopFlag(tf, server.target, self.sessions.config))
+        self.straggler = StragglerWait.IN_STEP
+        self.store = GraphStore(tf, config.loop.keep_checkpoints, self.sessions.in_session)
+        self.steps_per_epoch = steps_per_epoch(len(dataset.train_labels), num_workers, config.data.batch_size)
+        self.topology = Topology(advice=RESUME, servers=tuple(
+            [(f"ps task {i}", a) for i, a in enumerate(cluster.ps)] +
+            [(f"worker task {i} (tower {i})", a) for i, a in enumerate(cluster.worker) if i != CLIENT]))
+        self.feeds = [(i, tower.feeds) for i, tower in enumerate(g.towers)]
+        self.test_feeds, self.test_metrics, self.model_variables = g.towers[0].feeds, g.test_metrics, g.model_variables
+        self.evaluate = None if g.simulated else self.evaluate_batch
+        if ps.show_placement:
+            self.say(placement.format_table(*placement.describe(g.model_variables), ps.placement))
+            self.say("towers: " + ", ".join(f"tower {i} on {t.device}" for i, t in enumerate(g.towers))
+                     + f"; the client (worker {CLIENT}) feeds them all and averages their gradients")
+
+    def session(self):
+        restoring = self.store.restore_path
+        self.say(f"in-graph replication: {'restoring ' + restoring if restoring else 'initialising'}; "
+                 f"{self.identity.workers} tower(s) on {self.identity.workers} worker task(s), "
+                 f"{len(self.cluster.ps)} ps, placement {self.ps.placement}")
+        return super().session()
+
+    def close(self):
+        # PS: training is over; let every serving task exit.
+        self.sessions.plain(self.g.shutdown)
+
+    def position(self):
+        start = self.sessions.run(self.g.global_step)
+        if start:
+            self.say(f"resuming at step {start}")
+        return start
+
+    def step(self, number, feed, straggler):
+        # PS: the client feeds every tower: its bandwidth caps in-graph replication.
+        g = self.g
         feed = {**feed, **{tower.extra: factor for tower, factor in zip(g.towers, straggler)}}
-        _, loss_sums, counts, finite, applied_step, waits = session.run(
+        _, loss_sums, counts, finite, applied_step, waits = self.sessions.monitored.run(
             [g.train_op, [t.loss_sum for t in g.towers], [t.count for t in g.towers], g.finite, g.applied_step,
              [t.waited for t in g.towers]], feed)
         broke = tuple(i for i, loss in enumerate(loss_sums) if not math.isfinite(loss))
-        return loop.StepResult(sum(loss_sums), sum(counts), bool(finite), broke=broke, waited=waits)
+        return StepResult(sum(loss_sums), sum(counts), bool(finite), broke=broke, waited=waits)
 
-    return run.run(step, batches(), start=start,
-                   metrics=None if g.simulated else lambda images, labels: sessions.run(
-                       g.test_metrics, {g.towers[0].feeds.images: images, g.towers[0].feeds.labels: labels}),
-                   read_weights=lambda: list(zip([variable_name(v) for v in g.model_variables],
-                                                 sessions.run(g.model_variables))),
-                   fields=lambda reports: dict(
-                       num_ps=len(g.ps_bytes), api="v1", replication="in-graph", placement=ps.placement,
-                       towers=[t.device for t in g.towers], ps_bytes=g.ps_bytes, gradient_bytes=sum(g.ps_bytes),
-                       hosts=[address.rpartition(":")[0] for address in cluster.worker]))
+    def summary_fields(self, reports):
+        g = self.g
+        return dict(num_ps=len(g.ps_bytes), api="v1", replication="in-graph", placement=self.ps.placement,
+                    towers=[t.device for t in g.towers], ps_bytes=g.ps_bytes, gradient_bytes=sum(g.ps_bytes),
+                    hosts=[address.rpartition(":")[0] for address in self.cluster.worker])

@@ -10,9 +10,10 @@ Lines that distribution adds are marked `# PS:`.
 """
 import numpy as np
 
-from ringtrain.ps_baseline import reports, servers
-from ringtrain.ps_baseline.options import PROG
+from ps_baseline import reports, servers
+from ps_baseline.options import PROG, RESUME
 from ringtrain.workloads import loop
+from ringtrain.workloads.mode import Deferred, Identity, Mode, StepResult, StragglerWait, Topology
 from ringtrain.workloads.sharding import epoch_shard, steps_per_epoch
 
 LAG_PER_WORKER = 4  # steps in flight per worker: results are read this far behind
@@ -27,26 +28,19 @@ def inter_op_threads(threads):
 def serve(tf, cluster, job_name, task_index, threads, log):
     """PS and worker tasks: a server, until the coordinator says training is
     over (or is gone)."""
-    from ringtrain.workloads.devices import local_index, pin_gpu
-    # PS: a worker computes on the GPU of its place among its host's workers; a PS task on none.
-    pin_gpu(local_index(cluster.worker, task_index) if job_name == "worker" else None)
+    servers.pin_task(cluster, job_name, task_index)
     server = servers.start_server(tf, cluster, job_name, task_index, threads, inter_op_threads(threads))
     coordinator = cluster.chief[0]
     return servers.serve(tf, server, job_name, task_index, threads, log, watch=("the TF2 coordinator", coordinator),
                          told_by=coordinator)
 
 
-def train(config, ps, cluster, dataset):
+def train(config, ps, cluster, task, dataset):
     import tensorflow as tf
-    from ringtrain.workloads import models
-    from ringtrain.workloads.checkpoints import ObjectStore
-    from ringtrain.workloads.devices import pin_gpu
-    from ringtrain.workloads.evaluation import metrics_of
     if config.data.threads:
         tf.config.threading.set_intra_op_parallelism_threads(config.data.threads)
         tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads(config.data.threads))
-    pin_gpu(None)  # the coordinator computes nothing of the training
-    num_workers, num_ps = len(cluster.worker), len(cluster.ps)
+    servers.pin_task(cluster, "chief", task)  # the coordinator computes nothing of the training
     servers.wait_for_tasks(cluster, "ps", ps.startup_timeout)
     servers.wait_for_tasks(cluster, "worker", ps.startup_timeout)
 
@@ -54,61 +48,91 @@ def train(config, ps, cluster, dataset):
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(cluster.as_dict()), task_type="chief", task_id=0, rpc_layer="grpc")
     partitioner = (tf.distribute.experimental.partitioners.MinSizePartitioner(
-        min_shard_bytes=ps.partition_min_bytes, max_shards=num_ps) if ps.placement == "partitioned" else None)
+        min_shard_bytes=ps.partition_min_bytes, max_shards=len(cluster.ps)) if ps.placement == "partitioned"
+        else None)
     strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+    # (each checkpoint retraces TF's saver function, and TF warns about it every time: not news)
+    tf.get_logger().setLevel("ERROR")
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    state = TrainingState(tf, strategy, config, num_workers)
+    loop.Training(config, dataset, Coordinator(tf, strategy, coordinator, config, ps, cluster, dataset)).run()
+    return 0
 
-    per_epoch = steps_per_epoch(len(dataset.train_labels), num_workers, config.data.batch_size)
-    run = loop.Training(config, loop.Mode(
-        "ps-tf2", PROG, num_workers, local_workers=tuple(range(num_workers)), prefix="coordinator: ",
-        waits_in_graph=True, waits_for_all=False, servers=[(f"ps task {i}", a) for i, a in enumerate(cluster.ps)],
-        # (TF's coordinator goes on without a dead worker: a frozen one is named when nobody steps)
-        frozen_candidates=[(f"worker task {i}", a) for i, a in enumerate(cluster.worker)],
-        advice="restart the cluster with --resume to go on from the last checkpoint",
-        samples_per_update=config.data.batch_size, device="the workers' own (each pins its host's GPU)"),
-        dataset, per_epoch, store=ObjectStore(config.loop.keep_checkpoints, **state.checkpointed()))
-    run.resume()  # (the position is each worker's step count, restored with the rest)
-    start = state.steps()
-    # PS: each worker reads its own shard, from where it stood.
-    iterator = coordinator.create_per_worker_dataset(per_worker_dataset(
-        tf, config, dataset, num_workers, per_epoch, state.worker_steps.numpy().tolist()))
-    iterator = iter(iterator)
-    worker_step = make_worker_step(tf, strategy, state, num_workers)
 
-    def step(number, _, __):
-        scheduled = coordinator.schedule(worker_step, args=(iterator,))
+class Coordinator(Mode):
+    """The TF2 coordinator, as the shared loop runs it: each loop step is one
+    step scheduled on whichever worker is free; its result is read a few steps
+    later, so that the workers never wait for the coordinator."""
+
+    def __init__(self, tf, strategy, coordinator, config, ps, cluster, dataset):
+        from ringtrain.workloads.checkpoints import ObjectStore
+        from ringtrain.workloads.evaluation import metrics_of
+        num_workers, b = len(cluster.worker), config.data.batch_size
+        self.tf, self.strategy, self.coordinator, self.config, self.ps, self.cluster, self.dataset = \
+            tf, strategy, coordinator, config, ps, cluster, dataset
+        self.state = TrainingState(tf, strategy, config, num_workers)
+        self.identity = Identity("ps-tf2", PROG, num_workers, local_workers=tuple(range(num_workers)),
+                                 prefix="coordinator: ")
+        self.agree = servers.Coordinating(lambda: servers.StopFlag(tf, f"grpc://{cluster.chief[0]}"))
+        self.store = ObjectStore(config.loop.keep_checkpoints, **self.state.checkpointed())
+        self.steps_per_epoch = steps_per_epoch(len(dataset.train_labels), num_workers, b)
+        self.topology = Topology(
+            waits_for_all=False, servers=tuple((f"ps task {i}", a) for i, a in enumerate(cluster.ps)),
+            # (TF's coordinator goes on without a dead worker: a frozen one is named when nobody steps)
+            frozen_candidates=tuple((f"worker task {i}", a) for i, a in enumerate(cluster.worker)),
+            advice=RESUME)
+        # PS: every worker's steps are scheduled here, one at a time, each waiting on its own worker.
+        self.straggler, self.scheduled, self.samples_per_update = StragglerWait.ON_WORKERS, num_workers, b
+        self.lag, self.describe = LAG_PER_WORKER * num_workers, f"{num_workers} worker(s), {len(cluster.ps)} ps"
+        self.evaluate = metrics_of(self.state.model)
+
+    def start(self, restored):
+        """The position is each worker's own step count, restored with the rest."""
+        from ringtrain.workloads.checkpoints import Progress
+        steps, per_round = self.state.steps(), self.steps_per_epoch * self.scheduled
+        return Progress.at(steps, steps // per_round, steps % per_round, per_round, 1, self.config.data.batch_size)
+
+    def batches(self, start):
+        # PS: each worker reads its own shard, from where it stood.
+        iterator = iter(self.coordinator.create_per_worker_dataset(per_worker_dataset(
+            self.tf, self.config, self.dataset, self.identity.workers, self.steps_per_epoch,
+            self.state.worker_steps.numpy().tolist())))
+        self.worker_step = make_worker_step(self.tf, self.strategy, self.state, self.identity.workers)
+        number, per_round = start.step, self.steps_per_epoch * self.scheduled
+        while True:  # (the batch itself is the workers' to read)
+            yield number // per_round, number % per_round + 1, iterator
+            number += 1
+
+    def step(self, number, iterator, straggler):
+        scheduled = self.coordinator.schedule(self.worker_step, args=(iterator,))
 
         def resolve():
             loss_sum, samples, applied, update, worker, waited = (np.asarray(v) for v in scheduled.fetch())
-            return loop.StepResult(loss_sum, samples, bool(applied), update=int(update), broke=(int(worker),),
-                                   waited=np.eye(num_workers)[int(worker)] * float(waited))
-        return loop.Deferred(resolve)
+            return StepResult(loss_sum, samples, bool(applied), update=int(update), broke=(int(worker),),
+                              waited=np.eye(self.identity.workers)[int(worker)] * float(waited))
+        return Deferred(resolve)
 
-    def counted():
-        number = start
-        while True:
-            yield number // (per_epoch * num_workers), 0, None
-            number += 1
+    def weights(self):
+        from ringtrain.workloads import models
+        return models.named_weights(self.state.model)
 
-    def fields(reports_):
+    def close(self):
+        # PS: training is over; the PS and worker tasks may exit instead of serving forever.
+        # (through the coordinator's own server, which the strategy started: a PS task as the
+        # master would end in the middle of its own step, and that step would never return)
+        cluster = self.cluster
+        servers.shut_down(self.tf, f"grpc://{cluster.chief[0]}", [(job, i) for job in ("ps", "worker")
+                                                                 for i in range(len(getattr(cluster, job)))])
+
+    def summary_fields(self, reports_):
+        state = self.state
         stale_sum, stale_max = int(state.stale_sum.numpy()), int(state.stale_max.numpy())
-        return dict(num_ps=num_ps, reporting_workers=[-1], api="tf2", placement=ps.placement,
-                    hosts=[address.rpartition(":")[0] for address in cluster.worker],
+        # (steps: every worker's, as applied: the last result read need not be the last update made)
+        return dict(steps=state.steps(), num_ps=len(self.cluster.ps), reporting_workers=[-1], api="tf2",
+                    placement=self.ps.placement,
+                    hosts=[address.rpartition(":")[0] for address in self.cluster.worker],
                     throughput_measured_at="coordinator (all workers as one)",
                     worker_steps=state.worker_steps.numpy().tolist(),
                     **reports.staleness_fields([{"staleness": [stale_sum, state.steps(), stale_max]}]))
-
-    run.run(step, counted(), start=start, total=(config.loop.steps or per_epoch * config.loop.epochs) * num_workers,
-            lag=LAG_PER_WORKER * num_workers, describe=f"{num_workers} worker(s), {num_ps} ps",
-            metrics=metrics_of(state.model), epochs=lambda steps: steps / (num_workers * per_epoch),
-            read_weights=lambda: models.named_weights(state.model), fields=fields)
-    # PS: training is over; the PS and worker tasks may exit instead of serving forever.
-    # (through the coordinator's own server, which the strategy started: a PS task as the
-    # master would end in the middle of its own step, and that step would never return)
-    servers.shut_down(tf, f"grpc://{cluster.chief[0]}", [(job, i) for job in ("ps", "worker")
-                                                        for i in range(len(getattr(cluster, job)))])
-    return 0
 
 
 class TrainingState:
@@ -147,7 +171,12 @@ def per_worker_dataset(tf, config, dataset, num_workers, per_epoch, worker_steps
     indices = np.array([[s.indices for s in row] for row in shards], np.int32)        # [epochs, W, per rank]
     weights = np.array([[s.weights for s in row] for row in shards], np.float32)
     counts = np.array([[s.global_counts for s in row] for row in shards], np.float32)  # [epochs, W, per_epoch]
+    # --straggler: each worker's wait after each of its own steps, in multiples of its compute, from
+    # the one policy (Straggler.extra), for one period of its slow steps
     spec = config.loop.straggler
+    period = spec.every if spec else 1
+    extra = np.array([[spec.extra(w, s) if spec else 0.0 for s in range(1, period + 1)] for w in range(num_workers)],
+                     np.float32)  # [W, period]: step s (from 1) of worker w waits extra[w, (s - 1) % period]
 
     def dataset_fn(_):
         worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
@@ -159,10 +188,7 @@ def per_worker_dataset(tf, config, dataset, num_workers, per_epoch, worker_steps
             tf.data.Dataset.from_tensor_slices(c))))
         batches = batches.repeat().skip(tf.gather(tf.constant(worker_steps, tf.int64), worker)).map(
             lambda idx, w, c: (tf.cast(tf.gather(images, idx), tf.float32) / 255.0, tf.gather(labels, idx), w, c))
-        # --straggler: this worker's wait after each of its steps, in multiples of its compute
-        factor = tf.data.Dataset.counter(1).map(
-            lambda step: tf.where((worker == spec.rank) & (step % spec.every == 0), spec.factor - 1.0, 0.0)
-            if spec else tf.constant(0.0))
+        factor = tf.data.Dataset.from_tensor_slices(tf.gather(extra, worker)).repeat()
         return tf.data.Dataset.zip((batches, factor, tf.data.Dataset.from_tensors(worker).repeat()))
 
     return lambda: tf.distribute.get_strategy().distribute_datasets_from_function(dataset_fn)

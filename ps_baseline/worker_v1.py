@@ -7,48 +7,28 @@ its own gradients as soon as it has them. Sync: SyncReplicasOptimizer
 aggregates K gradients per update (K < workers leaves backup workers).
 Worker 0 is the chief: it initialises or restores the variables and writes
 the checkpoints; the others wait for it. Everything else is the shared loop's
-(workloads/loop.py). Lines that distribution adds are marked `# PS:`.
+(workloads/loop.py); what in-graph replication shares with this is
+graph_mode.py. Lines that distribution adds are marked `# PS:`.
 """
-import functools
+import contextlib
 import json
-import os
 import threading
 from dataclasses import dataclass
 
+from ps_baseline import losses, placement, reports, servers
+from ps_baseline.graph_mode import Feeds, GraphMode, Sessions, graph_mode
+from ps_baseline.options import PROG, RESUME
+from ringtrain.common.errors import UsageError
 from ringtrain.multihost.net import wait_for
-from ringtrain.ps_baseline import placement, reports, servers
-from ringtrain.ps_baseline.options import NO_RESTARTS_ENV, PROG
 from ringtrain.workloads import loop
-from ringtrain.workloads.data import as_float
-from ringtrain.workloads.errors import UsageError
-from ringtrain.workloads.sharding import epoch_shard, steps_per_epoch
+from ringtrain.workloads.mode import Agreement, Identity, StepResult, Topology
+from ringtrain.workloads.sharding import steps_per_epoch
 from ringtrain.workloads.summary import dumps
 
 BOOKKEEPING = "ps_baseline"  # name scope of variables that are not the model's
-RESUME = "restart the cluster with --resume (the same --checkpoint-dir) to go on from the last checkpoint"
-
-
-@dataclass
-class Feeds:
-    """The placeholders one step or one test batch is fed through."""
-    images: object
-    labels: object
-    weights: object
-    global_count: object
-
-    @classmethod
-    def make(cls, tf, image_shape, global_count=None):
-        return cls(tf.compat.v1.placeholder(tf.float32, [None, *image_shape], "images"),
-                   tf.compat.v1.placeholder(tf.int32, [None], "labels"),
-                   tf.compat.v1.placeholder(tf.float32, [None], "weights"),
-                   global_count if global_count is not None else
-                   tf.compat.v1.placeholder(tf.float32, [], "global_count"))
-
-    def train_batch(self, dataset, shard, batch, batch_size):
-        rows = slice(batch * batch_size, (batch + 1) * batch_size)
-        idx = shard.indices[rows]
-        return {self.images: as_float(dataset.train_images[idx]), self.labels: dataset.train_labels[idx],
-                self.weights: shard.weights[rows], self.global_count: shard.global_counts[batch]}
+# Sync, stopped on a signal: tokens for each worker, so that none waits in a step for a gradient of a
+# worker that has stopped, and each gets to its next stop check (every ~0.2 s of its steps).
+STOP_TOKENS = 1000
 
 
 @dataclass
@@ -73,6 +53,7 @@ class ReplicaGraph:
     announce: object       # what the chief tells the workers at the start (the stall watchdog's address)
     shutdown_ps: list
     release_workers: object  # sync: tokens that free workers still waiting for one
+    release_for_stop: object  # sync: enough tokens for every worker to reach its next stop check
     simulated: bool        # on the simulated accelerator: nothing worth evaluating
     uninitialized: object = None  # non-chief: how many shared variables are not initialised yet
 
@@ -81,22 +62,13 @@ def build_graph(tf, config, ps, cluster_spec, task, num_workers, image_shape):
     """The replica graph of worker `task`."""
     from ringtrain.workloads import models
     from ringtrain.workloads.gradients import SkipNonFinite, all_finite
-    num_ps = cluster_spec.num_tasks("ps")
     # PS: variables go to the PS tasks (by --placement), ops stay on this worker.
     with tf.compat.v1.device(placement.device_setter(ps.placement, cluster_spec, task)):
-        make_variable = placement.variable_factory(ps.placement, num_ps, ps.partition_min_bytes)
+        make_variable = placement.variable_factory(ps.placement, cluster_spec.num_tasks("ps"), ps.partition_min_bytes)
         model = config.model.build(make_variable)
         model_variables = tf.compat.v1.global_variables()
         feeds = Feeds.make(tf, image_shape)
-        global_step = tf.compat.v1.train.get_or_create_global_step()
-        with tf.compat.v1.variable_scope(BOOKKEEPING):
-            # Each worker's own step count, checkpointed, so a restarted worker
-            # (or a restored cluster) resumes its data where it left off.
-            worker_steps = [tf.compat.v1.get_variable(f"worker_steps_{i}", [], tf.int64, tf.zeros_initializer(),
-                                                      trainable=False, use_resource=True)
-                            for i in range(num_workers)]
-            skipped = tf.compat.v1.get_variable("skipped_updates", [], tf.int64, tf.zeros_initializer(),
-                                                trainable=False, use_resource=True)
+        global_step, worker_steps, skipped = counters(tf, num_workers)
         # PS: the model reads its weights after this read of the global step, so
         # (step after our update - 1 - this) counts the updates that landed in between.
         read_step = tf.identity(global_step.read_value())
@@ -115,25 +87,51 @@ def build_graph(tf, config, ps, cluster_spec, task, num_workers, image_shape):
         grads_and_vars = optimizer.compute_gradients(loss)
         finite = all_finite(tf, [g for g, _ in grads_and_vars if g is not None])
         train_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
-        # Sync: an update takes the accumulated gradients; one computed against an
-        # older global step is dropped as stale. The accumulators count alike.
-        pending = pending_gradients(tf, optimizer) if ps.sync else None
         with tf.control_dependencies([train_op]):
             applied_step = tf.identity(global_step.read_value())
         # Counted right after the update, on the PS (no round trip through this
         # worker in between): a worker killed mid-step redoes that batch after a
         # restart instead of skipping it, and the update is counted exactly once.
-        my_steps = worker_steps[task]
-        with tf.control_dependencies([train_op]), tf.compat.v1.colocate_with(my_steps):
-            count_my_step = my_steps.assign_add(1)
+        with tf.control_dependencies([train_op]), tf.compat.v1.colocate_with(worker_steps[task]):
+            count_my_step = worker_steps[task].assign_add(1)
         test_metrics = models.correct_and_loss_sum(model(feeds.images, training=False), feeds.labels)
-        uninitialized = None
-        if task != 0:
-            # Only the shared (global) variables: local ones are this worker's to initialise.
-            uninitialized = tf.size(tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables()))
+        # Only the shared (global) variables: local ones are this worker's to initialise.
+        uninitialized = None if task == 0 else \
+            tf.size(tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables()))
+    report_ops, announce_ops, shutdown_ps = messages(tf, task, num_workers, cluster_spec.num_tasks("ps"))
+    per_ps = placement.describe(tf.compat.v1.trainable_variables())[1]
+    return ReplicaGraph(
+        feeds, train_op, loss_sum, tf.reduce_sum(feeds.weights), finite, read_step, applied_step,
+        count_my_step, global_step, worker_steps, skipped, optimizer,
+        # Sync: an update takes the accumulated gradients; one computed against an
+        # older global step is dropped as stale. The accumulators count alike.
+        pending_gradients(tf, optimizer) if ps.sync else None, test_metrics, model_variables,
+        [per_ps.get(f"/job:ps/task:{i}", 0) for i in range(cluster_spec.num_tasks("ps"))],
+        report_ops, announce_ops, shutdown_ps,
+        optimizer.get_init_tokens_op(num_tokens=num_workers) if ps.sync else None,
+        optimizer.get_init_tokens_op(num_tokens=STOP_TOKENS * num_workers) if ps.sync else None,
+        models.is_simulated(model), uninitialized)
+
+
+def counters(tf, num_workers):
+    """The global step; each worker's own step count, checkpointed, so that a
+    restarted worker (or a restored cluster) resumes its data where it left
+    off; and the updates skipped as non-finite."""
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    with tf.compat.v1.variable_scope(BOOKKEEPING):
+        worker_steps = [tf.compat.v1.get_variable(f"worker_steps_{i}", [], tf.int64, tf.zeros_initializer(),
+                                                  trainable=False, use_resource=True)
+                        for i in range(num_workers)]
+        skipped = tf.compat.v1.get_variable("skipped_updates", [], tf.int64, tf.zeros_initializer(),
+                                            trainable=False, use_resource=True)
+    return global_step, worker_steps, skipped
+
+
+def messages(tf, task, num_workers, num_ps):
+    """End-of-run reports and the start-up announcement, through PS 0, so that
+    a chief on another machine still hears every worker (not checkpointed);
+    and the messages that end the PS tasks."""
     with tf.compat.v1.device(f"/job:worker/task:{task}"):
-        # End-of-run reports and the start-up announcement travel through PS 0, so a
-        # chief on another machine still hears every worker. Not checkpointed.
         with tf.compat.v1.device("/job:ps/task:0"):
             report_vars = [tf.compat.v1.Variable("", trainable=False, collections=[], use_resource=True,
                                                  name=f"{BOOKKEEPING}/report_{i}") for i in range(num_workers)]
@@ -143,14 +141,7 @@ def build_graph(tf, config, ps, cluster_spec, task, num_workers, image_shape):
         report_ops = Messages(report_vars[task].assign(text), text, tf.group(*[v.initializer for v in report_vars]),
                               [v.read_value() for v in report_vars])
         announce_ops = Messages(announce.assign(text), text, announce.initializer, announce.read_value())
-        shutdown_ps = servers.shutdown_ops(tf, [("ps", i) for i in range(num_ps)])
-    per_ps = placement.describe(tf.compat.v1.trainable_variables())[1]
-    return ReplicaGraph(feeds, train_op, loss_sum, tf.reduce_sum(feeds.weights), finite, read_step, applied_step,
-                        count_my_step, global_step, worker_steps, skipped, optimizer, pending, test_metrics,
-                        model_variables, [per_ps.get(f"/job:ps/task:{i}", 0) for i in range(num_ps)],
-                        report_ops, announce_ops, shutdown_ps,
-                        optimizer.get_init_tokens_op(num_tokens=num_workers) if ps.sync else None,
-                        models.is_simulated(model), uninitialized)
+        return report_ops, announce_ops, servers.shutdown_ops(tf, [("ps", i) for i in range(num_ps)])
 
 
 @dataclass
@@ -162,128 +153,122 @@ class Messages:
 
 
 def train(config, ps, cluster, task, dataset):
-    from ringtrain.workloads.checkpoints import GraphStore
-    from ringtrain.workloads.devices import local_index, pin_gpu
-    from ringtrain.workloads.tfenv import import_tensorflow_quietly, session_config, set_threads
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly, set_threads
     tf = import_tensorflow_quietly()
     set_threads(config.data.threads)
-    # PS: each worker computes on the GPU of its place among the workers of its host.
-    device = pin_gpu(local_index(cluster.worker, task))
+    device = servers.pin_task(cluster, "worker", task)
     graph_mode(tf)
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-    is_chief, num_workers, num_ps = task == 0, len(cluster.worker), len(cluster.ps)
-
     # PS: this task's gRPC server; the session below runs through it.
     server = servers.start_server(tf, cluster, "worker", task, config.data.threads)
     servers.wait_for_tasks(cluster, "ps", ps.startup_timeout)
-    g = build_graph(tf, config, ps, tf.train.ClusterSpec(cluster.as_dict()), task, num_workers,
+    g = build_graph(tf, config, ps, tf.train.ClusterSpec(cluster.as_dict()), task, len(cluster.worker),
                     dataset.train_images.shape[1:])
-    store = GraphStore(tf, keep=config.loop.keep_checkpoints)
-    per_epoch = steps_per_epoch(len(dataset.train_labels), num_workers, config.data.batch_size)
-    sessions = Sessions(tf, server, session_config(tf, config.data.threads, ["/job:ps", f"/job:worker/task:{task}"]))
-    agree = PSAgreement(tf, sessions, g, task, cluster, ps, store)
-    waits_for_all = not ps.sync or (ps.replicas_to_aggregate or num_workers) == num_workers
-    run = loop.Training(config, loop.Mode(
-        "ps-sync" if ps.sync else "ps-async", PROG, num_workers, local_workers=(task,), prefix=f"worker {task}: ",
-        waits_for_all=ps.sync and waits_for_all, names=lambda w: f"worker {w} at {cluster.worker[w]}",
-        servers=[(f"ps task {i}", a) for i, a in enumerate(cluster.ps)] +
-                ([] if is_chief else [("the chief (worker 0)", cluster.worker[0])]),
-        advice=RESUME,
-        samples_per_update=(ps.replicas_to_aggregate or num_workers if ps.sync else 1) * config.data.batch_size,
-        device=device),
-        dataset, per_epoch, agree=agree, store=store)
-    if is_chief and ps.show_placement:
-        run.console.line(placement.format_table(*placement.describe(g.model_variables), ps.placement))
-
-    run.resume()  # the chief: which checkpoint its session restores, if any
-    if is_chief:
-        run.console.line(f"{'restoring ' + store.restore_path if store.restore_path else 'initialising the variables'}"
-                         f"; {'sync' if ps.sync else 'async'}, {num_workers} worker(s), {num_ps} ps, "
-                         f"placement {ps.placement}")
-        sessions.run(g.announce.reset)  # (before the workers can read it: they wait for the chief)
-    else:
-        run.console.line("waiting for the chief to initialise the variables")
-        sessions.wait_for_chief(g.uninitialized, ps.startup_timeout, cluster.worker[0])
-    hooks = []
-    if ps.sync:
-        quiet_cancelled_queue_runners(tf)
-        # PS: the chief runs the queue that applies aggregated updates.
-        hooks.append(g.optimizer.make_session_run_hook(is_chief, num_tokens=0))
-    with tf.compat.v1.train.MonitoredSession(
-            session_creator=store.session_creator(is_chief, server.target, sessions.config, ps.startup_timeout),
-            # (the sync chief's queue runner waits in its take of gradients until the session
-            # closes: a grace period for it to stop first is spent waiting for nothing)
-            hooks=hooks, stop_grace_period_secs=0.2) as session:
-        sessions.monitored = session
-        store.run_in_session = sessions.in_session
-        if is_chief:
-            sessions.run(g.reports.reset)
-        summary, local_steps = train_steps(run, session, sessions, g, config, ps, dataset, task, per_epoch)
+    summary = loop.Training(config, dataset, BetweenGraph(tf, config, ps, cluster, task, dataset, server, g,
+                                                          device)).run()
     # (MonitoredSession's exit swallows an OutOfRangeError: the loop has named the task that went first)
-    if not is_chief:
-        run.console.line(f"done after {local_steps} steps")
-        return 0
-    # PS: training is over; let the PS tasks exit instead of joining forever.
-    sessions.plain(g.shutdown_ps)
-    return 0 if summary else 1
+    return 0 if summary or task != 0 else 1
 
 
-def train_steps(run, session, sessions, g, config, ps, dataset, task, per_epoch):
-    """This worker's share of training, through the shared loop."""
-    from ringtrain.workloads.models import variable_name
-    num_workers = len(g.worker_steps)
-    local_step, global_step = sessions.run([g.worker_steps[task], g.global_step])
-    if local_step:
-        run.console.line(f"resuming at my step {local_step}, global step {global_step}")
-    staleness = reports.Staleness()
-    shard_of_epoch = functools.lru_cache(maxsize=1)(
-        lambda epoch: epoch_shard(len(dataset.train_labels), task, num_workers, config.data.batch_size,
-                                  config.data.seed, epoch))
+class BetweenGraph(GraphMode):
+    """A worker of between-graph replication, as the shared loop runs it."""
 
-    def batches():
-        # PS: this worker's position is its own step count, kept on the PS.
-        step = local_step
-        while not session.should_stop():
-            epoch, batch = divmod(step, per_epoch)
-            yield epoch, batch + 1, g.feeds.train_batch(dataset, shard_of_epoch(epoch), batch,
-                                                        config.data.batch_size)
-            step += 1
+    def __init__(self, tf, config, ps, cluster, task, dataset, server, g, device):
+        from ringtrain.workloads.checkpoints import GraphStore
+        from ringtrain.workloads.tfenv import session_config
+        num_workers, b = len(cluster.worker), config.data.batch_size
+        self.tf, self.config, self.ps, self.cluster, self.task, self.dataset, self.g = \
+            tf, config, ps, cluster, task, dataset, g
+        self.is_chief, self.k = task == 0, (ps.replicas_to_aggregate or num_workers) if ps.sync else 1
+        self.identity = Identity("ps-sync" if ps.sync else "ps-async", PROG, num_workers, local_workers=(task,),
+                                 prefix=f"worker {task}: ", device=device)
+        self.sessions = Sessions(tf, server, session_config(tf, config.data.threads,
+                                                            ["/job:ps", f"/job:worker/task:{task}"]))
+        self.agree = PSAgreement(tf, self.sessions, g, task, cluster, ps)
+        self.store = GraphStore(tf, config.loop.keep_checkpoints, self.sessions.in_session)
+        self.steps_per_epoch = steps_per_epoch(len(dataset.train_labels), num_workers, b)
+        self.topology = Topology(
+            names=lambda w: f"worker {w} at {cluster.worker[w]}", advice=RESUME,
+            waits_for_all=ps.sync and losses.waits_for_every_worker(ps, num_workers),
+            servers=tuple((f"ps task {i}", a) for i, a in enumerate(cluster.ps)) +
+            (() if self.is_chief else (("the chief (worker 0)", cluster.worker[0]),)))
+        self.until_updates, self.samples_per_update = ps.sync, self.k * b
+        self.feeds, self.test_feeds, self.test_metrics = [(task, g.feeds)], g.feeds, g.test_metrics
+        self.model_variables, self.evaluate = g.model_variables, None if g.simulated else self.evaluate_batch
+        # (the sync chief's queue runner waits in its take of gradients until the session
+        # closes: a grace period for it to stop first is spent waiting for nothing)
+        self.stop_grace, self.staleness, self.my_steps = 0.2, reports.Staleness(), 0
+        if ps.sync:
+            quiet_cancelled_queue_runners(tf)
+            # PS: the chief runs the queue that applies aggregated updates.
+            self.hooks = [g.optimizer.make_session_run_hook(self.is_chief, num_tokens=0)]
+        if self.is_chief and ps.show_placement:
+            self.say(placement.format_table(*placement.describe(g.model_variables), ps.placement))
 
-    done = [int(local_step)]
+    @contextlib.contextmanager
+    def session(self):
+        g, ps, sessions = self.g, self.ps, self.sessions
+        if self.is_chief:
+            restoring = self.store.restore_path
+            self.say(f"{'restoring ' + restoring if restoring else 'initialising the variables'}; "
+                     f"{'sync' if ps.sync else 'async'}, {self.identity.workers} worker(s), {len(self.cluster.ps)} "
+                     f"ps, placement {ps.placement}")
+            sessions.run(g.announce.reset)  # (before the workers can read it: they wait for the chief)
+        else:
+            self.say("waiting for the chief to initialise the variables")
+            sessions.wait_for_chief(g.uninitialized, ps.startup_timeout, self.cluster.worker[0])
+        with super().session() as monitored:
+            if self.is_chief:
+                sessions.run(g.reports.reset)
+            yield monitored
 
-    def step(number, feed, _):
-        _, loss_sum, count, finite, read_step, global_step, done[0] = session.run(
+    def on_stop(self):
+        if self.ps.sync:
+            self.sessions.run(self.g.release_for_stop)
+
+    def close(self):
+        if not self.is_chief:
+            self.say(f"done after {self.my_steps} steps")
+            return
+        # PS: training is over; let the PS tasks exit instead of joining forever.
+        self.sessions.plain(self.g.shutdown_ps)
+
+    def position(self):
+        # PS: this worker's position is its own step count, kept on the PS. Where every update takes
+        # one gradient of every worker, it is the global step: a gradient pushed but never applied
+        # (the job stopped on a signal before the others pushed theirs) is pushed again.
+        local_step, global_step = self.sessions.run([self.g.worker_steps[self.task], self.g.global_step])
+        if self.ps.sync and self.k == self.identity.workers:
+            local_step = global_step
+        if local_step:
+            self.say(f"resuming at my step {local_step}, global step {global_step}")
+        self.my_steps = int(local_step)
+        return local_step
+
+    def step(self, number, feed, straggler):
+        g = self.g
+        _, loss_sum, count, finite, read_step, global_step, self.my_steps = self.sessions.monitored.run(
             [g.train_op, g.loss_sum, g.count, g.finite, g.read_step, g.applied_step, g.count_my_step], feed)
-        staleness.add(read_step, global_step)
-        return loop.StepResult(loss_sum, count, bool(finite), update=int(global_step))
+        self.staleness.add(read_step, global_step)
+        return StepResult(loss_sum, count, bool(finite), update=int(global_step))
 
-    total = config.loop.steps or per_epoch * config.loop.epochs
-    k = ps.replicas_to_aggregate or num_workers if ps.sync else 1
+    def report(self):
+        return {"staleness": self.staleness.as_list(), "staleness_histogram": self.staleness.histogram}
 
-    def fields(worker_reports):
+    def summary_fields(self, worker_reports):
+        g, ps, sessions, k = self.g, self.ps, self.sessions, self.k
         chief = next(r for r in worker_reports if r["rank"] == 0)
         updates_per_sec = (chief["updates_timed"] / chief["seconds"]
                            if chief.get("updates_timed") is not None and chief["seconds"] > 0 else None)
         global_step = int(sessions.run(g.global_step))
         return dict(
-            steps=global_step, num_ps=len(g.ps_bytes), reporting_workers=[r["rank"] for r in worker_reports], api="v1",
-            placement=ps.placement, ps_bytes=g.ps_bytes, gradient_bytes=sum(g.ps_bytes),
+            steps=global_step, num_ps=len(g.ps_bytes), reporting_workers=[r["rank"] for r in worker_reports],
+            api="v1", placement=ps.placement, ps_bytes=g.ps_bytes, gradient_bytes=sum(g.ps_bytes),
             replicas_to_aggregate=k if ps.sync else None, updates_per_sec=updates_per_sec,
             # what the updates applied: K batches each (sync), one (async); dropped gradients excluded
-            applied_images_per_sec=updates_per_sec * k * config.data.batch_size if updates_per_sec else None,
+            applied_images_per_sec=updates_per_sec * k * self.config.data.batch_size if updates_per_sec else None,
             skipped_updates=int(sessions.run(g.skipped)),
             **(gradient_counts(sessions, g, k, global_step) if ps.sync else {}),
             **(reports.staleness_fields(worker_reports) if not ps.sync else {}))
-
-    summary = run.run(step, batches(), start=int(local_step), total=total, until_updates=ps.sync,
-                   metrics=None if g.simulated else lambda images, labels: sessions.run(
-                       g.test_metrics, {g.feeds.images: images, g.feeds.labels: labels}),
-                   read_weights=lambda: list(zip([variable_name(v) for v in g.model_variables],
-                                                 sessions.run(g.model_variables))),
-                   epochs=lambda steps: steps * k / (num_workers * per_epoch),
-                   report=lambda: {"staleness": staleness.as_list(), "staleness_histogram": staleness.histogram},
-                   fields=fields)
-    return summary, done[0]
 
 
 def pending_gradients(tf, sync_optimizer):
@@ -300,15 +285,6 @@ def pending_gradients(tf, sync_optimizer):
                            "to count the gradients waiting for an update") from None
 
 
-def graph_mode(tf):
-    """TF1's graph mode, for the whole process, with TF1's control flow: a
-    skipped update's branch spans variables on every PS task, which the
-    functional ops of TF2's control flow do not place across tasks."""
-    tf.compat.v1.disable_eager_execution()
-    tf.compat.v1.disable_control_flow_v2()
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-
-
 def gradient_counts(sessions, g, k, global_step):
     """Sync: gradients pushed (every worker's steps), applied (K per update, and
     those still waiting in the accumulator), and dropped as stale: the rest. A
@@ -319,53 +295,21 @@ def gradient_counts(sessions, g, k, global_step):
             "gradients_dropped": max(int(pushed) - k * int(global_step) - pending, 0)}
 
 
-class Sessions:
-    """The ways this worker runs a piece of its graph: through the monitored
-    training session (once it exists), or a plain session of its own."""
-
-    def __init__(self, tf, server, config):
-        self.tf, self.server, self.config, self.monitored = tf, server, config, None
-
-    def run(self, fetches, feed=None):
-        if self.monitored is None:
-            return self.plain(fetches, feed)
-        return self.monitored.run_step_fn(lambda step_context: step_context.session.run(fetches, feed))
-
-    def in_session(self, call):
-        """call(a tf.Session): the checkpoint saver's way in."""
-        return self.monitored.run_step_fn(lambda step_context: call(step_context.session))
-
-    def plain(self, fetches, feed=None):
-        with self.tf.compat.v1.Session(self.server.target, config=self.config) as sess:
-            return sess.run(fetches, feed)
-
-    def wait_for_chief(self, uninitialized, timeout, chief_address):
-        """Poll every half second until the chief has initialised the variables
-        (MonitoredSession's own wait re-checks only every 30 s)."""
-        if not wait_for(lambda: self.plain(uninitialized) == 0, timeout, poll=0.5):
-            raise UsageError(f"the chief (worker 0 at {chief_address}) did not initialise the "
-                             f"variables within {timeout:g}s (--startup-timeout): start it")
-
-
-class PSAgreement:
+class PSAgreement(Agreement):
     """How the workers of between-graph replication agree: they don't, while
     training (each steps on its own); at the start the chief tells them where
     its stall watchdog listens, and at the end each writes its report into a
     variable on PS task 0, where the chief gathers them."""
     in_lockstep = False
 
-    def __init__(self, tf, sessions, g, task, cluster, ps, store):
+    def __init__(self, tf, sessions, g, task, cluster, ps):
         self.tf, self.sessions, self.g, self.rank, self.size = tf, sessions, g, task, len(cluster.worker)
         self.cluster, self.ps = cluster, ps
-
-    def sum(self, values):
-        return [float(v) for v in values]  # each worker speaks for itself
+        # PS: a scheduler's signal to any task stops every worker: the job's flag on PS task 0
+        self.stop_raised = servers.SharedStop(lambda: servers.StopFlag(tf, sessions.server.target, sessions.config))
 
     def hosts(self):
         return [a.rpartition(":")[0] for a in self.cluster.worker]
-
-    def evaluation_share(self):
-        return (0, 1) if self.rank == 0 else None  # the chief evaluates the whole test split
 
     def broadcast(self, obj):
         g = self.g
@@ -385,7 +329,7 @@ class PSAgreement:
         except self.tf.errors.FailedPreconditionError:  # not initialised by the chief yet
             return None
 
-    def gather(self, report, gone=set):
+    def gather(self, report, gone=frozenset):
         """Every worker writes its report; the chief, after freeing sync workers still
         waiting for a token, waits for every report but those of workers gone silent."""
         g = self.g
@@ -394,8 +338,8 @@ class PSAgreement:
             return None
         if self.ps.sync:
             self.sessions.run(g.release_workers)
-        # Under `launch` without restarts, a silent worker will not come back: don't wait for it.
-        given_up = gone if os.environ.get(NO_RESTARTS_ENV) else set
+        # A silent worker that will not come back (under `launch` without restarts): don't wait for it.
+        given_up = frozenset if losses.worker_may_come_back() else gone
 
         def every_report():
             texts = self.sessions.run(g.reports.read)

@@ -1,2 +1,2 @@
 """ringtrain: synchronous data-parallel TensorFlow training over Horovod's ring-allreduce."""
-__version__ = "0.1.0"
+from ringtrain.common.version import __version__  # noqa: F401

@@ -1,16 +1,17 @@
 """`ringtrain`: the ring-allreduce trainer, and `ringtrain doctor`."""
 import os
 import sys
-from dataclasses import dataclass
 
 from ringtrain.multihost.slurm_step import DEFAULT_PORT_BASE
+from ringtrain import modes
+from ringtrain.common import parsing
 from ringtrain.workloads import config, flags
-from ringtrain.workloads.errors import TrainingStopped, UsageError, exit_now, launched_rank, run_cli
+from ringtrain.common.errors import UsageError, run_cli
 from ringtrain.workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
 
-BACKENDS = ("horovod", "tf-collective")
 COMMUNICATIONS = ("RING", "AUTO", "NCCL")  # tf.distribute.experimental.CommunicationImplementation
 from ringtrain.workloads.outputs import check_outputs
+from ringtrain.workloads.preemption import PREEMPTION
 
 EXAMPLES = """examples:
   horovodrun -np 2 ringtrain --model mnist_cnn --epochs 5
@@ -24,35 +25,42 @@ EXAMPLES = """examples:
 """
 
 
+USAGE = "ringtrain [FLAGS]\n       ringtrain doctor [--hostfile FILE --np N]"
+
+
 def parser():
     p = flags.OneLineParser(
-        prog="ringtrain", epilog=EXAMPLES,
+        prog="ringtrain", epilog=EXAMPLES, usage=USAGE,
         formatter_class=flags.argparse.RawDescriptionHelpFormatter,
         description="Synchronous data-parallel training over Horovod's ring-allreduce "
                     "(scatter-reduce then allgather), or over TensorFlow's own collective all-reduce "
-                    "(--backend tf-collective). Launch with horovodrun or mpirun; alone it runs one rank.")
+                    "(--backend tf-collective). Launch with horovodrun or mpirun; alone it runs one rank.\n\n"
+                    "commands:\n"
+                    "  ringtrain [FLAGS]   train (the flags below)\n"
+                    "  ringtrain doctor    check the install, and a cluster's hosts (ringtrain doctor --help)")
+    parsing.add_version(p)
     flags.add_training_flags(p)
     b = p.add_argument_group("synchronous data parallelism (every backend)")
-    b.add_argument("--backend", choices=BACKENDS, default="horovod",
+    b.add_argument("--backend", choices=modes.backends(), default="horovod",
                    help="horovod: Horovod's ring-allreduce (the default); tf-collective: TensorFlow's own "
                         "MultiWorkerMirroredStrategy, under mpirun or with TF_CONFIG set")
     b.add_argument("--no-lr-scaling", action="store_true",
                    help="keep --lr as is instead of multiplying it by the worker count")
-    b.add_argument("--warmup-epochs", type=flags.non_negative_float, default=1.0, metavar="E",
+    b.add_argument("--warmup-epochs", type=parsing.non_negative_float, default=1.0, metavar="E",
                    help="ramp the lr from --lr to lr*N over E epochs (default 1; 0 disables)")
     t = p.add_argument_group("TF's collective mode (--backend tf-collective)")
     t.add_argument("--communication", type=str.upper, choices=COMMUNICATIONS, metavar="IMPL",
                    help="RING (TF's ring: scatter-reduce then allgather; the default), AUTO (TF picks: NCCL on "
                         "GPUs) or NCCL")
-    t.add_argument("--port-base", type=flags.positive_int, metavar="PORT",
+    t.add_argument("--port-base", type=parsing.positive_int, metavar="PORT",
                    help=f"under srun without MPI: each worker serves on PORT plus its place on its node (default "
                         f"{DEFAULT_PORT_BASE}); under mpirun free ports are chosen and shared; TF_CONFIG names its own")
     r = p.add_argument_group("Horovod (--backend horovod, the default)")
     r.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16")
     r.add_argument("--adasum", action="store_true", help="combine gradients with Adasum")
-    r.add_argument("--fusion-threshold-mb", type=flags.non_negative_float, metavar="MB",
+    r.add_argument("--fusion-threshold-mb", type=parsing.non_negative_float, metavar="MB",
                    help="Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD; default 128)")
-    r.add_argument("--cycle-time-ms", type=flags.positive_float, metavar="MS",
+    r.add_argument("--cycle-time-ms", type=parsing.positive_float, metavar="MS",
                    help="Horovod background cycle (HOROVOD_CYCLE_TIME; default 1 ms)")
     r.add_argument("--horovod-loop", choices=sorted(HOROVOD_LOOPS), default=None,
                    help="Horovod's background thread: event (ringtrain's patch, the default) sleeps "
@@ -70,50 +78,13 @@ def parser():
     r.add_argument("--elastic", action="store_true",
                    help="go on when ranks are lost or added, under horovodrun's elastic mode (horovodrun "
                         "--gloo -np N --min-np M --max-np X --host-discovery-script S ringtrain --elastic)")
-    r.add_argument("--commit-every", type=flags.positive_int, metavar="K",
+    r.add_argument("--commit-every", type=parsing.positive_int, metavar="K",
                    help="--elastic: commit the state every K steps; a lost rank costs at most K steps "
                         "(default 10)")
     r.add_argument("--no-allreduce", action="store_true",
                    help="measurement only: skip the gradient allreduce, so ranks diverge "
                         "(Horovod's background thread still coordinates every cycle)")
     return p
-
-
-@dataclass(frozen=True)
-class HorovodConfig:
-    """Ring mode's own flags."""
-    fp16_allreduce: bool = False
-    adasum: bool = False
-    fusion_threshold_mb: float = None
-    cycle_time_ms: float = None
-    horovod_loop: str = None
-    timeline: str = None
-    mpi_allreduce: str = "ring"
-    mpi_busy_wait: bool = False
-    no_allreduce: bool = False
-    elastic: bool = False
-    commit_every: int = 10
-    lr_scaling: bool = True     # lr x N (not with --no-lr-scaling, nor Adasum)
-    warmup_epochs: float = 1.0
-
-
-def horovod_config(args):
-    return HorovodConfig(args.fp16_allreduce, args.adasum, args.fusion_threshold_mb, args.cycle_time_ms,
-                         args.horovod_loop, args.timeline, args.mpi_allreduce or "ring", args.mpi_busy_wait,
-                         args.no_allreduce, args.elastic, args.commit_every or 10,
-                         lr_scaling=not (args.no_lr_scaling or args.adasum), warmup_epochs=args.warmup_epochs)
-
-
-@dataclass(frozen=True)
-class CollectiveConfig:
-    """TF's collective mode's own flags."""
-    communication: str = "RING"
-    lr_scaling: bool = True
-    warmup_epochs: float = 1.0
-
-
-def collective_config(args):
-    return CollectiveConfig(args.communication or "RING", not args.no_lr_scaling, args.warmup_epochs)
 
 
 # Horovod's own flags: what TF's collective mode has no counterpart for, with why.
@@ -150,33 +121,12 @@ def _main(argv):
         from ringtrain import doctor
         return doctor.main(argv[1:])
     args = parser().parse_args(argv)
+    PREEMPTION.install("ringtrain")  # a scheduler's signal: ends at once, or, once training runs, saves first
     validate(args)
     # Data and flags are checked before TensorFlow loads: bad input fails in
     # well under a second, on every rank alike, so no rank waits on another.
     dataset = flags.load_training_data(args)
-    from ringtrain.workloads.tfenv import import_tensorflow_quietly
-    if args.backend == "tf-collective":
-        from ringtrain import collective
-        # (TF_CONFIG, or mpirun's ranks, before TF loads: a bad one is one line)
-        cluster = collective.cluster(args.port_base or DEFAULT_PORT_BASE)
-        import_tensorflow_quietly()
-        return collective.train(config.from_args(args), collective_config(args), cluster, dataset)
-    import_tensorflow_quietly()
-    from ringtrain.train import train
-    try:
-        code = train(config.from_args(args), horovod_config(args), dataset)
-    except Exception as e:
-        if "Horovod has been shut down" not in str(e):
-            raise
-        # A peer died mid-collective: what the launcher says next names it; say it in one line here.
-        rank = launched_rank()
-        raise TrainingStopped(f"{'rank ' + str(rank) + ': ' if rank is not None else ''}a collective failed: "
-                              "another rank, or its host, is gone (Horovod has been shut down); the job ends: "
-                              "resume with --resume from the last checkpoint, or run with --elastic") from None
-    # Horovod's own end (MPI_Finalize) first, then no teardown of TF's modules (exit_now).
-    import horovod.tensorflow as hvd
-    hvd.shutdown()
-    return exit_now(code)
+    return modes.chosen("ringtrain", args).load()(config.from_args(args), args, dataset)
 
 
 def main(argv=None):

@@ -13,16 +13,38 @@ import json
 import os
 import pickle
 import socket
+from dataclasses import dataclass
 
 import numpy as np
 
+from ringtrain.common.errors import UsageError
 from ringtrain.multihost import launched
+from ringtrain.synchronous import SynchronousMode
 from ringtrain.workloads import loop
-from ringtrain.workloads.checkpoints import ObjectStore, Progress
-from ringtrain.workloads.errors import UsageError
-from ringtrain.workloads.schedule import learning_rate_schedule
-from ringtrain.workloads.sharding import steps_per_epoch
+from ringtrain.workloads.mode import Agreement, Topology
 from ringtrain.workloads.straggler import check as check_straggler
+
+
+def main(config, args, dataset):
+    """`ringtrain --backend tf-collective`: TF's collective mode from the checked flags and data."""
+    from ringtrain.multihost.slurm_step import DEFAULT_PORT_BASE
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly
+    # (TF_CONFIG, or mpirun's ranks, before TF loads: a bad one is one line)
+    workers = cluster(args.port_base or DEFAULT_PORT_BASE)
+    import_tensorflow_quietly()
+    return train(config, collective_config(args), workers, dataset)
+
+
+@dataclass(frozen=True)
+class CollectiveConfig:
+    """TF's collective mode's own flags."""
+    communication: str = "RING"
+    lr_scaling: bool = True
+    warmup_epochs: float = 1.0
+
+
+def collective_config(args):
+    return CollectiveConfig(args.communication or "RING", not args.no_lr_scaling, args.warmup_epochs)
 
 
 def cluster(port_base):
@@ -59,13 +81,10 @@ def train(config, collective, cluster, dataset):
     """config: the shared RunConfig; collective: ringtrain.cli.CollectiveConfig;
     cluster: (this worker's index, every worker's host:port), from cluster()."""
     rank, workers = cluster
-    size = max(len(workers), 1)
-    check_straggler(config.loop.straggler, size)
+    check_straggler(config.loop.straggler, max(len(workers), 1))
     import keras
     import tensorflow as tf
-    from ringtrain.workloads import models, pipeline
     from ringtrain.workloads.devices import local_index, pin_gpu
-    from ringtrain.workloads.evaluation import metrics_of
     from ringtrain.workloads.tfenv import set_threads
     set_threads(config.data.threads)  # (before the strategy: TF's runtime starts with it)
     # TF: pin each worker to the GPU of its place among its host's workers, where there are GPUs.
@@ -84,38 +103,27 @@ def train(config, collective, cluster, dataset):
             **layer, synchronized=True))
         optimizer = config.optimizer.keras()
         optimizer.build(model.trainable_variables)
-
-    agree = CollectiveAgreement(tf, strategy, rank, size)
-    per_epoch = steps_per_epoch(len(dataset.train_labels), size, config.data.batch_size)
-    names = lambda r: f"worker {r} ({agree.hosts()[r]})"
-    run = loop.Training(config, loop.Mode(
-        "tf-collective", "ringtrain", size, local_workers=(rank,), speaks=rank == 0, names=names,
-        servers=[(f"worker {r}", address) for r, address in enumerate(workers) if r != rank], device=device),
-        dataset, per_epoch, agree=agree, store=ObjectStore(config.loop.keep_checkpoints, model=model,
-                                                           optimizer=optimizer))
-    # TF: every worker starts from worker 0's weights, optimizer state and progress.
-    progress = agree.broadcast(run.resume()) or Progress()
-    agree.broadcast_variables(list(model.variables) + list(optimizer.variables))
-    # TF: the lr grows with the worker count, after a warm-up, as in ring mode.
-    lr_at = learning_rate_schedule(config.optimizer.lr, size, per_epoch, scale=collective.lr_scaling,
-                                   warmup_epochs=collective.warmup_epochs)
-    train_step = make_train_step(tf, strategy, model, optimizer, config.model.statistics_to_average(model))
-
-    def step(number, batch, _):
-        optimizer.learning_rate.assign(lr_at(number - 1))
-        loss_sum, samples, applied = train_step(*batch)
-        return loop.StepResult(loss_sum, samples, bool(applied), job_samples=float(batch[3]))
-
-    # TF: each worker reads its own disjoint shard of every epoch.
-    batches = pipeline.batches_from(dataset, rank, size, config.data.batch_size, config.data.seed, progress.epoch,
-                                    progress.batches_done(size, config.data.batch_size), config.data.threads)
-    run.run(step, batches, start=progress, learning_rate=lambda number: lr_at(number - 1),
-            describe=f"{size} worker(s) x batch {config.data.batch_size}", metrics=metrics_of(model),
-            read_weights=lambda: models.named_weights(model),
-            fields=lambda reports: dict(
-                controller="tf", allreduce_algorithm=implementation_in_effect(tf, collective.communication),
-                gradient_bytes=models.gradient_bytes(model)))
+    mode = CollectiveMode(tf, strategy, cluster, config, collective, dataset, model, optimizer, device)
+    loop.Training(config, dataset, mode).run()
     return 0
+
+
+class CollectiveMode(SynchronousMode):
+    """A worker of TF's collective mode, as the shared loop runs it."""
+
+    def __init__(self, tf, strategy, cluster, config, collective, dataset, model, optimizer, device):
+        rank, workers = cluster
+        self.tf, self.communication = tf, collective.communication
+        agree = CollectiveAgreement(tf, strategy, rank, max(len(workers), 1))
+        train_step = make_train_step(tf, strategy, model, optimizer, config.model.statistics_to_average(model))
+        super().__init__(config, dataset, model, optimizer, agree, train_step,
+                         dict(name="tf-collective", prog="ringtrain", device=device), schedule=collective)
+        self.topology = Topology(names=lambda r: f"worker {r} ({agree.hosts()[r]})",
+                                 servers=tuple((f"worker {r}", a) for r, a in enumerate(workers) if r != rank))
+
+    def summary_fields(self, reports):
+        return dict(super().summary_fields(reports), controller="tf",
+                    allreduce_algorithm=implementation_in_effect(self.tf, self.communication))
 
 
 def connect(tf, communication="RING"):
@@ -164,10 +172,9 @@ def implementation_in_effect(tf, asked):
     return "tf ring" + (f" ({asked} asked; no GPU)" if asked != "RING" else "")
 
 
-class CollectiveAgreement:
+class CollectiveAgreement(Agreement):
     """How the workers agree on a sum, a gather or a broadcast: TF's own
     collectives (every worker makes the same calls, in the same order)."""
-    in_lockstep = True
 
     def __init__(self, tf, strategy, rank, size):
         self.tf, self.strategy, self.rank, self.size = tf, strategy, rank, size
@@ -180,7 +187,7 @@ class CollectiveAgreement:
         total = self.strategy.reduce("SUM", self.tf.constant(values, self.tf.float64), axis=None)
         return [float(v) for v in total.numpy()]
 
-    def gather(self, obj, gone=None):
+    def gather(self, obj, gone=frozenset):
         """Every worker's obj, in worker order: pickled (as Horovod's
         allgather_object does; it travels between this job's own workers only)
         and widened to int32, which TF's collective gather takes."""
@@ -198,7 +205,8 @@ class CollectiveAgreement:
 
     def broadcast_variables(self, variables):
         """Worker 0's values into every worker's variables: one summed collective
-        per dtype, every other worker adding zeros."""
+        per dtype, every other worker adding zeros. (TF: every worker starts from
+        worker 0's weights and optimizer state.)"""
         tf = self.tf
         # (in the same order on every worker: a set's order differs between processes)
         dtype_of = lambda v: tf.as_dtype(v.dtype)  # (a Keras variable's is a string)
@@ -217,5 +225,3 @@ class CollectiveAgreement:
             self._hosts = self.gather(socket.gethostname())
         return self._hosts
 
-    def evaluation_share(self):
-        return self.rank, self.size

@@ -23,6 +23,8 @@ class Report:
 
 
 def versions(report):
+    from ringtrain.common.version import __version__
+    report.line("ringtrain", __version__)
     report.line("python", platform.python_version())
     tf = hvd = None
     try:
@@ -132,7 +134,7 @@ def hostfile_check(report, path, ranks):
     too few slots, hosts that ssh cannot reach or that lack this install."""
     from ringtrain.multihost import hostfile, procs
     from ringtrain.multihost.net import is_local_host
-    from ringtrain.workloads.errors import UsageError
+    from ringtrain.common.errors import UsageError
     try:
         hosts = hostfile.read_hostfile(path)
         if ranks:
@@ -157,11 +159,12 @@ def hostfile_check(report, path, ranks):
 
 
 def parser():
-    from ringtrain.workloads.flags import OneLineParser, positive_int
+    from ringtrain.common.parsing import OneLineParser, add_version, positive_int
     p = OneLineParser(prog="ringtrain doctor",
                       description="Print versions, Horovod's build, whether mpirun can start 2 ranks, cores and "
                                   "GPUs, and where servers would listen; with --hostfile, check a cluster first. "
                                   "Exits non-zero when ring mode cannot run.")
+    add_version(p)
     p.add_argument("--hostfile", metavar="FILE",
                    help="also check this OpenMPI hostfile: syntax, names that resolve, slots, ssh to each host")
     p.add_argument("--np", type=positive_int, metavar="N", help="with --hostfile: the ranks it must hold")

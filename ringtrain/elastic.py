@@ -6,21 +6,30 @@ come, under horovodrun's elastic mode:
 Horovod's elastic API (hvd.elastic.run) re-enters the training function
 after every change of the world: on a lost rank, from the last commit
 (`--commit-every K` steps); on a host added or removed by the discovery
-script, from the present step. Each entry is ring mode's own
-train_on_this_world, with everything that depends on the rank count built
-anew: the shared loop (and its stall watchdog), the lr scaling, each rank's
+script, from the present step. Each entry is ring mode (RingMode, in
+ringtrain/train.py), with everything that depends on the rank count built anew: the shared loop (and its stall watchdog), the lr scaling, each rank's
 data shard, and the traced train step (the rank count is a constant in it).
 A rank that joins gets the weights, optimizer state and position from rank 0.
 """
+from ringtrain.train import RingMode, horovod_config, in_horovod, start_horovod
+from ringtrain.workloads import loop
 from ringtrain.workloads.checkpoints import Progress
 
 
-def train(hvd, config, horovod, dataset, model, optimizer, train_on_this_world, device):
-    from ringtrain.train import training
+def main(config, args, dataset):
+    """`ringtrain --elastic`, from the checked flags and data."""
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly
+    import_tensorflow_quietly()
+    return in_horovod(lambda: train(config, horovod_config(args), dataset))
+
+
+def train(config, horovod, dataset):
+    hvd, model, optimizer, device = start_horovod(config, horovod)
     # No collective before the elastic loop: a rank that joins later would meet the
     # others' state sync with it. Rank 0's --resume position and weights reach the
     # others in that sync instead.
-    start = training(hvd, config, horovod, dataset, model, optimizer).resume() or Progress()
+    first = RingMode(hvd, config, horovod, dataset, model, optimizer, device)
+    start = loop.Training(config, dataset, first).restore() or Progress()
     state = ring_state(hvd, list(model.variables) + list(optimizer.variables), step=start.step,
                        epoch=start.epoch, samples_in_epoch=start.samples_in_epoch, world_sizes=[hvd.size()])
     state.register_reset_callbacks([lambda: state.world_sizes.append(hvd.size())])
@@ -28,26 +37,39 @@ def train(hvd, config, horovod, dataset, model, optimizer, train_on_this_world, 
 
     def on_this_world(state):
         # Horovod: everything that depends on the rank count is rebuilt for this world.
-        run = training(hvd, config, horovod, dataset, model, optimizer, device=device)
+        mode = ElasticRing(state, hvd, config, horovod, dataset, model, optimizer, device)
+        run = loop.Training(config, dataset, mode, restore=False)
         warn_if_one_host(hvd, run.console, said)  # (every rank, every entry: it is a collective)
         run.console.line(f"elastic: {hvd.size()} rank(s) from step {state.step} (epoch {state.epoch + 1}); "
                          f"committing every {horovod.commit_every} steps")
-
-        def commit(number, where, update):
-            at = Progress.at(update, *where, run.per_epoch, hvd.size(), config.data.batch_size)
-            state.step, state.epoch, state.samples_in_epoch = at.step, at.epoch, at.samples_in_epoch
-            if number % horovod.commit_every == 0:
-                state.commit()  # Horovod: a restore point; raises here if hosts were added or removed
-
-        return train_on_this_world(
-            hvd, run, horovod, dataset, model, optimizer,
-            Progress(state.step, state.epoch, state.samples_in_epoch), after_step=commit,
-            extra_fields={"elastic": {"world_sizes": list(state.world_sizes), "commit_every": horovod.commit_every},
-                          "throughput_measured_at": f"the last {hvd.size()} rank(s), since the last change of "
-                                                    "the world"})
+        return run.run()
 
     elastic_run(hvd, on_this_world)(state)
     return 0
+
+
+class ElasticRing(RingMode):
+    """Ring mode in one world of ranks: it starts from the elastic state, and
+    commits it every --commit-every steps."""
+
+    def __init__(self, state, *args):
+        super().__init__(*args)
+        self.state = state
+
+    def start(self, restored):
+        # (the state's sync has given every rank rank 0's weights and position)
+        return Progress(self.state.step, self.state.epoch, self.state.samples_in_epoch)
+
+    def after_step(self, number, progress):
+        state = self.state
+        state.step, state.epoch, state.samples_in_epoch = progress.step, progress.epoch, progress.samples_in_epoch
+        if number % self.horovod.commit_every == 0:
+            self.state.commit()  # Horovod: a restore point; raises here if hosts were added or removed
+
+    def summary_fields(self, reports):
+        return dict(super().summary_fields(reports),
+                    elastic={"world_sizes": list(self.state.world_sizes), "commit_every": self.horovod.commit_every},
+                    throughput_measured_at=f"the last {self.hvd.size()} rank(s), since the last change of the world")
 
 
 def warn_if_one_host(hvd, console, said):

@@ -4,19 +4,82 @@ Reads top to bottom like Horovod's examples/tensorflow2 scripts; every line
 that distribution adds is marked `# Horovod:`. What is not distribution
 (logging, checkpoints, the stall watchdog, --straggler, snapshots, the
 evaluation and the summary) is the shared loop's (workloads/loop.py), which
-this recipe calls with its step.
+this recipe hands its mode; what it shares with TF's collective mode (the
+shards, the lr schedule, the step's bookkeeping) is ringtrain/synchronous.py.
 """
+from dataclasses import dataclass
+
 from ringtrain import knobs
+from ringtrain.common.errors import Preempted, TrainingStopped, exit_now, launched_rank
+from ringtrain.synchronous import SynchronousMode
 from ringtrain.workloads import loop
-from ringtrain.workloads.checkpoints import ObjectStore, Progress
 from ringtrain.workloads.horovod_env import allreduce_algorithm_in_effect, horovod_loop_in_effect
-from ringtrain.workloads.schedule import learning_rate_schedule
-from ringtrain.workloads.sharding import steps_per_epoch
+from ringtrain.workloads.mode import Agreement, Topology
 from ringtrain.workloads.straggler import check as check_straggler
+
+
+def main(config, args, dataset):
+    """`ringtrain` (--backend horovod): ring mode from the checked flags and data."""
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly
+    import_tensorflow_quietly()
+    return in_horovod(lambda: train(config, horovod_config(args), dataset))
+
+
+def in_horovod(run):
+    """run() under Horovod: a peer that died mid-collective is one line; Horovod's
+    own end (MPI_Finalize) comes first, then no teardown of TF's modules."""
+    import horovod.tensorflow as hvd
+    try:
+        code = run()
+    except Preempted:
+        hvd.shutdown()  # (MPI_Finalize: mpirun takes a rank that leaves without it for a failure)
+        raise
+    except Exception as e:
+        if "Horovod has been shut down" not in str(e):
+            raise
+        # A peer died mid-collective: what the launcher says next names it; say it in one line here.
+        rank = launched_rank()
+        raise TrainingStopped(f"{'rank ' + str(rank) + ': ' if rank is not None else ''}a collective failed: "
+                              "another rank, or its host, is gone (Horovod has been shut down); the job ends: "
+                              "resume with --resume from the last checkpoint, or run with --elastic") from None
+    hvd.shutdown()
+    return exit_now(code)
+
+
+@dataclass(frozen=True)
+class HorovodConfig:
+    """Ring mode's own flags."""
+    fp16_allreduce: bool = False
+    adasum: bool = False
+    fusion_threshold_mb: float = None
+    cycle_time_ms: float = None
+    horovod_loop: str = None
+    timeline: str = None
+    mpi_allreduce: str = "ring"
+    mpi_busy_wait: bool = False
+    no_allreduce: bool = False
+    elastic: bool = False
+    commit_every: int = 10
+    lr_scaling: bool = True     # lr x N (not with --no-lr-scaling, nor Adasum)
+    warmup_epochs: float = 1.0
+
+
+def horovod_config(args):
+    return HorovodConfig(args.fp16_allreduce, args.adasum, args.fusion_threshold_mb, args.cycle_time_ms,
+                         args.horovod_loop, args.timeline, args.mpi_allreduce or "ring", args.mpi_busy_wait,
+                         args.no_allreduce, args.elastic, args.commit_every or 10,
+                         lr_scaling=not (args.no_lr_scaling or args.adasum), warmup_epochs=args.warmup_epochs)
 
 
 def train(config, horovod, dataset):
     """config: the shared workloads.config.RunConfig; horovod: ringtrain.cli.HorovodConfig."""
+    hvd, model, optimizer, device = start_horovod(config, horovod)
+    loop.Training(config, dataset, RingMode(hvd, config, horovod, dataset, model, optimizer, device)).run()
+    return 0
+
+
+def start_horovod(config, horovod):
+    """Horovod initialised, this rank pinned, the model and its optimizer built."""
     knobs.apply_before_init(horovod)  # MPI yield, fusion buffer, cycle time, timeline: read by hvd.init
     import horovod.tensorflow as hvd
     from ringtrain.workloads.devices import pin_gpu
@@ -33,60 +96,26 @@ def train(config, horovod, dataset):
     model = config.model.build(synchronized_batch_norm=hvd.SyncBatchNormalization.from_config)
     optimizer = config.optimizer.keras()
     optimizer.build(model.trainable_variables)
-    if horovod.elastic:
-        from ringtrain import elastic
-        return elastic.train(hvd, config, horovod, dataset, model, optimizer, train_on_this_world, device)
-
-    run = training(hvd, config, horovod, dataset, model, optimizer, device=device)
-    # Horovod: every rank starts from rank 0's weights, optimizer state and progress.
-    progress = hvd.broadcast_object(run.resume(), root_rank=0) or Progress()
-    hvd.broadcast_variables(list(model.variables) + list(optimizer.variables), root_rank=0)
-    train_on_this_world(hvd, run, horovod, dataset, model, optimizer, progress)
-    return 0
+    return hvd, model, optimizer, device
 
 
-def training(hvd, config, horovod, dataset, model, optimizer, **mode):
-    """The shared loop, for this world of ranks."""
-    host_of = HorovodAgreement(hvd, in_lockstep=not horovod.no_allreduce)
-    ring = loop.Mode("ring", "ringtrain", hvd.size(), local_workers=(hvd.rank(),), worker_word="rank",
-                     speaks=hvd.rank() == 0, names=lambda r: f"rank {r} ({host_of.hosts()[r]})", **mode)
-    return loop.Training(config, ring, dataset, steps_per_epoch(len(dataset.train_labels), hvd.size(),
-                                                                config.data.batch_size),
-                         agree=host_of, store=ObjectStore(config.loop.keep_checkpoints, model=model,
-                                                          optimizer=optimizer))
+class RingMode(SynchronousMode):
+    """A rank of ring mode, as the shared loop runs it."""
 
+    def __init__(self, hvd, config, horovod, dataset, model, optimizer, device):
+        self.hvd, self.horovod = hvd, horovod
+        agree = HorovodAgreement(hvd)
+        train_step = make_train_step(hvd, horovod, model, optimizer, config.model.statistics_to_average(model))
+        super().__init__(config, dataset, model, optimizer, agree, train_step,
+                         dict(name="ring", prog="ringtrain", worker_word="rank", device=device), schedule=horovod)
+        self.topology = Topology(names=lambda r: f"rank {r} ({agree.hosts()[r]})")
+        self.identical_updates = not horovod.no_allreduce  # (without the allreduce, each rank its own)
 
-def train_on_this_world(hvd, run, horovod, dataset, model, optimizer, progress, after_step=None,
-                        extra_fields=None):
-    """Training from `progress` on, at the present rank count."""
-    from ringtrain.workloads import models, pipeline
-    from ringtrain.workloads.evaluation import metrics_of
-    c = run.config
-    # Horovod: the lr grows with the rank count, after a warm-up.
-    lr_at = learning_rate_schedule(c.optimizer.lr, hvd.size(), run.per_epoch, scale=horovod.lr_scaling,
-                                   warmup_epochs=horovod.warmup_epochs)
-    train_step = make_train_step(hvd, horovod, model, optimizer, c.model.statistics_to_average(model))
-
-    def step(number, batch, _):
-        optimizer.learning_rate.assign(lr_at(number - 1))
-        loss_sum, samples, applied = train_step(*batch)
-        return loop.StepResult(loss_sum, samples, bool(applied), job_samples=float(batch[3]))
-
-    # Horovod: each rank reads its own disjoint shard of every epoch.
-    batches = pipeline.batches_from(run.dataset, hvd.rank(), hvd.size(), c.data.batch_size, c.data.seed,
-                                    progress.epoch, progress.batches_done(hvd.size(), c.data.batch_size),
-                                    c.data.threads)
-    controller = "mpi" if hvd.mpi_enabled() else "gloo"
-    return run.run(
-        step, batches, start=progress.step, learning_rate=lambda number: lr_at(number - 1),
-        describe=f"{hvd.size()} rank(s) x batch {c.data.batch_size}",
-        metrics=metrics_of(model), after_step=after_step,
-        read_weights=lambda: models.named_weights(model),
-        fields=lambda reports: dict(
-            controller=controller, allreduce_algorithm=allreduce_algorithm_in_effect(controller),
-            horovod_loop=horovod_loop_in_effect(),
-            gradient_bytes=models.gradient_bytes(model),
-            **(extra_fields or {})))
+    def summary_fields(self, reports):
+        controller = "mpi" if self.hvd.mpi_enabled() else "gloo"
+        return dict(super().summary_fields(reports), controller=controller,
+                    allreduce_algorithm=allreduce_algorithm_in_effect(controller),
+                    horovod_loop=horovod_loop_in_effect())
 
 
 def make_train_step(hvd, horovod, model, optimizer, statistics=()):
@@ -126,11 +155,11 @@ def make_train_step(hvd, horovod, model, optimizer, statistics=()):
     return train_step
 
 
-class HorovodAgreement:
+class HorovodAgreement(Agreement):
     """How ring ranks agree on a sum, a gather or a broadcast: Horovod's own collectives."""
 
-    def __init__(self, hvd, in_lockstep=True):
-        self.hvd, self.rank, self.size, self.in_lockstep = hvd, hvd.rank(), hvd.size(), in_lockstep
+    def __init__(self, hvd):
+        self.hvd, self.rank, self.size = hvd, hvd.rank(), hvd.size()
         self._hosts = None
 
     def sum(self, values):
@@ -138,17 +167,18 @@ class HorovodAgreement:
         # Horovod: one small allreduce for a log line or the test counts, not one per step.
         return [float(v) for v in self.hvd.allreduce(tf.constant(values, tf.float64), op=self.hvd.Sum).numpy()]
 
-    def gather(self, obj, gone=None):
+    def gather(self, obj, gone=frozenset):
         return self.hvd.allgather_object(obj)
 
     def broadcast(self, obj):
         return self.hvd.broadcast_object(obj, root_rank=0)
+
+    def broadcast_variables(self, variables):
+        # Horovod: every rank starts from rank 0's weights and optimizer state.
+        self.hvd.broadcast_variables(variables, root_rank=0)
 
     def hosts(self):
         if self._hosts is None:
             import socket
             self._hosts = self.hvd.allgather_object(socket.gethostname())
         return self._hosts
-
-    def evaluation_share(self):
-        return self.rank, self.size

@@ -22,7 +22,7 @@ def _three_hosts(prefix):
     cannot be made."""
     import os
     from ringtrain.multihost import simcluster
-    from ringtrain.workloads.errors import UsageError
+    from ringtrain.common.errors import UsageError
     try:
         simcluster.check_can_build()
     except UsageError as e:

@@ -213,13 +213,20 @@ def assert_checkpoint_is_one_process_on_the_global_batch(checkpoint_dir, steps, 
 
 # --- PS tasks, one process each, as the classic tutorials start them --------------------------
 
-PS_BASELINE = [sys.executable, "-m", "ringtrain.ps_baseline"]
+PS_BASELINE = [sys.executable, "-m", "ps_baseline"]
 BENCH = [sys.executable, "-m", "ringtrain.bench"]
 TINY = ["--model", "mnist_mlp", "--batch-size", "16", "--log-every", "5", *ONE_THREAD]
 
 
 def hosts(count, host="localhost"):
     return ",".join(f"{host}:{port}" for port in free_ports(count))
+
+
+def at_own_step(worker, step):
+    """A PS worker's progress line at its own step `step`: `step N/T` where
+    training ends at this worker's steps (async), `global step G/T (this
+    worker's step N)` where it ends at the job's updates (sync)."""
+    return re.compile(rf"worker {worker}: epoch \d+ (step {step}/|global step \d+/\d+ \(this worker's step {step}\))")
 
 
 def task_args(ps_hosts, worker_hosts, job, index, *extra):
@@ -249,8 +256,10 @@ class Tasks:
             raise AssertionError(f"{name} still running after {timeout}s:\n{self.log(name)[-3000:]}")
 
     def wait_for_text(self, name, text, timeout):
+        """Until the task's log holds `text` (a string, or a compiled pattern it must match)."""
         deadline = time.monotonic() + timeout
-        while text not in self.log(name):
+        found = text.search if hasattr(text, "search") else (lambda log: text in log)
+        while not found(self.log(name)):
             assert self.procs[name].poll() is None, f"{name} exited:\n{self.log(name)[-3000:]}"
             assert time.monotonic() < deadline, f"no {text!r} from {name}:\n{self.log(name)[-3000:]}"
             time.sleep(0.2)

@@ -11,7 +11,7 @@ import zlib
 
 import pytest
 
-from helpers import (BIN, ONE_THREAD, PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch,
+from helpers import (BIN, ONE_THREAD, PS_BASELINE, TINY, Tasks, at_own_step, assert_checkpoint_is_one_process_on_the_global_batch,
                      checkpoint_step,
                      assert_one_line_error, assert_same_weights, last_json, run, run_ok, weights)
 from ringtrain.multihost import procs, simcluster
@@ -77,8 +77,8 @@ def pid_on(cluster, host, match):
 
 
 def task_pid(cluster, host, job):
-    """The PID of a `python -m ringtrain.ps_baseline --job_name=JOB` task on `host` (not its guard)."""
-    return pid_on(cluster, host, lambda argv: argv[1:3] == ["-m", "ringtrain.ps_baseline"] and f"--job_name={job}" in argv)
+    """The PID of a `python -m ps_baseline --job_name=JOB` task on `host` (not its guard)."""
+    return pid_on(cluster, host, lambda argv: argv[1:3] == ["-m", "ps_baseline"] and f"--job_name={job}" in argv)
 
 
 def test_a_task_killed_on_a_remote_host_ends_the_job_naming_it_and_leaves_nothing(cluster, tmp_path):
@@ -155,7 +155,7 @@ def test_a_dead_host_ends_the_job_with_a_line_naming_it(cluster_to_crash, tmp_pa
         argv, named = ps_mpirun(cluster, "--sync", "--steps", "100000", *TINY), "Timeout, server h3 not responding."
     with Tasks(str(tmp_path)) as tasks:
         tasks.start(launcher, argv)
-        tasks.wait_for_text(launcher, "worker 1: epoch 1 step 5/", timeout=120)
+        tasks.wait_for_text(launcher, at_own_step(1, 5), timeout=120)
         simcluster.crash(cluster, "h3")
         crashed = time.monotonic()
         assert tasks.wait(launcher, 90) != 0
@@ -182,7 +182,7 @@ def test_ctrl_c_on_mpirun_stops_every_ps_task_on_every_host(cluster, tmp_path):
         launcher = tasks.start("mpirun", ps_mpirun(cluster, "--sync", "--steps", "100000", *TINY,
                                                    "--checkpoint-dir", str(tmp_path / "ckpt"),
                                                    "--checkpoint-every", "20"))
-        tasks.wait_for_text("mpirun", "worker 1: epoch 1 step 25/", timeout=120)
+        tasks.wait_for_text("mpirun", at_own_step(1, 25), timeout=120)
         os.kill(launcher.pid, signal.SIGINT)
         assert tasks.wait("mpirun", 30) != 0
     assert_no_process_left_on_any_host(cluster)
@@ -210,7 +210,7 @@ def test_arguments_cross_ssh_as_words_never_as_shell_syntax(cluster, tmp_path):
     marker = tmp_path / "pwned"
     words = ["a b", f"$(touch {marker})", f"; touch {marker}", "'quoted'", '"double"', "*", "back\\slash"]
     done = run(on(cluster, "h1", sys.executable, "-c",
-                  "from multihost import procs; import sys; "
+                  "from ringtrain.multihost import procs; import sys; "
                   "d = procs.run([sys.executable, '-c', 'import sys; print(sys.argv[1:])', *sys.argv[1:]], "
                   "host='h2', timeout=60); print(d.stdout, end=''); sys.exit(d.returncode)", *words))
     assert done.returncode == 0, done.stderr

@@ -6,7 +6,7 @@ import pytest
 
 from datafiles import write_cifar10, write_mnist_idx, write_mnist_npz
 from ringtrain.workloads import data
-from ringtrain.workloads.errors import UsageError
+from ringtrain.common.errors import UsageError
 from ringtrain.workloads.sharding import epoch_shard, steps_per_epoch
 
 

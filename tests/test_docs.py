@@ -105,8 +105,8 @@ def check(words, where):
 
 def parse(program, args, where):
     from ringtrain.bench import cli as bench_cli
-    from ringtrain.multihost import cluster_cli
-    from ringtrain.ps_baseline import cli as ps_cli, launcher, towers
+    from ringtrain import cluster_cli
+    from ps_baseline import cli as ps_cli, launcher, towers
     from ringtrain import cli as ring_cli
     if program == "ringtrain" and args[:1] == ["doctor"]:
         from ringtrain import doctor
@@ -139,3 +139,30 @@ def test_the_docs_build_offline(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=100, env=dict(os.environ, NO_PROXY="*"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site" / "index.html").exists() and (tmp_path / "site" / "features" / "index.html").exists()
+    # ... and they need no network when read: nothing a page loads comes from another site
+    # (the theme's highlight.js would, from a CDN: the site highlights with Pygments instead).
+    remote = re.compile(r"""<(?:script|link|img|iframe|source)\b[^>]*\b(?:src|href)=["']((?:https?:)?//[^"']+)["']"""
+                        r"""|url\(\s*["']?((?:https?:)?//[^)"']+)""", re.I)
+    loaded = {}
+    for page in (tmp_path / "site").rglob("*"):
+        if page.suffix in (".html", ".css"):
+            for match in remote.finditer(page.read_text(errors="replace")):
+                loaded.setdefault(match.group(1) or match.group(2), page.relative_to(tmp_path / "site").as_posix())
+    assert loaded == {}, loaded
+    assert 'class="codehilite"' in (tmp_path / "site" / "ring" / "index.html").read_text()
+
+
+@pytest.mark.parametrize("words", [["ringtrain"], ["ringtrain", "doctor"], ["ps-baseline"], ["ps-baseline", "launch"],
+                                   ["ps-baseline", "towers"], ["ringtrain-bench"], ["ringtrain-cluster"]])
+def test_every_command_answers_version(words):
+    from ringtrain import __version__
+    done = subprocess.run([os.path.join(BIN, words[0]), *words[1:], "--version"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"{words[0]} {__version__}", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command,subcommands", [("ringtrain", ["doctor"]), ("ps-baseline", ["launch", "towers"])])
+def test_help_names_every_subcommand(command, subcommands):
+    done = subprocess.run([os.path.join(BIN, command), "--help"], capture_output=True, text=True, timeout=60)
+    head = done.stdout[:done.stdout.index("options:")]  # (before the flags: not only in the examples at the end)
+    assert done.returncode == 0 and all(f"{command} {sub}" in head for sub in subcommands), head

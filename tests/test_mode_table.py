@@ -1,7 +1,9 @@
 """The README's mode-by-feature table, walked cell by cell: each mode, with
 two workers on this machine, runs each cross-cutting feature as its cell
 says. The table is read from the README, so the README cannot drift from
-what runs.
+what runs: every cell is read, the command column and the qualifiers too
+(GPU pinning's "local rank", "per host", "one per tower"), and each row's
+mode is found in the one registry of modes (ringtrain/modes.py).
 
 A few runs per mode serve all its cells: one that checkpoints with a
 straggler, snapshots and a diverging lr under --on-nan skip (on a terminal,
@@ -18,51 +20,68 @@ import time
 
 import pytest
 
-from helpers import BIN, ONE_THREAD, PS_BASELINE, REPO, Tasks, last_json, own_tmpfs, run, run_in_terminal
+from helpers import BIN, ENV, ONE_THREAD, REPO, Tasks, last_json, own_tmpfs, run, run_in_terminal
+from ringtrain import modes
+from ringtrain.workloads.devices import ASSUMED_GPUS_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 README = pathlib.Path(REPO) / "README.md"
 SMALL = ["--model", "mnist_mlp", "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.05", *ONE_THREAD]
 DIVERGING = ["--lr", "1e6"]
 STALL = 6  # --stall-timeout of the frozen-worker runs
+EXIT_PREEMPTED = 75  # stopped early by a scheduler's signal, resumable
 MARGIN = 20  # a frozen worker ends the job within --stall-timeout plus this
 RESUMED_STEPS = 30  # the resumed run's --steps: it diverges well before
 
 
 def read_table():
-    """{mode: {feature: cell}} and the features, in the README's order."""
+    """{mode: {feature: cell}}, the features in the README's order, and {mode: its command cell}."""
     text = README.read_text()
     lines = text[text.index("## What every mode does"):].splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("|"))
     table = lines[first:next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))]
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table]
     header = [h.strip("`") for h in rows[0]]
-    return {row[0]: dict(zip(header[2:], row[2:])) for row in rows[2:]}, header[2:]
+    assert header[:2] == ["mode", "command"], header
+    return ({row[0]: dict(zip(header[2:], row[2:])) for row in rows[2:]}, header[2:],
+            {row[0]: row[1] for row in rows[2:]})
 
 
-TABLE, FEATURES = read_table()
+TABLE, FEATURES, COMMANDS = read_table()
+
+
+DISCOVER = os.path.join(REPO, "mpi_hostfiles", "discover_hosts.sh")
 
 
 def command(mode, tmp):
-    """How a user starts `mode` with two workers on this machine."""
-    ringtrain = os.path.join(BIN, "ringtrain")
-    launch = [*PS_BASELINE, "launch", "--num-ps", "1", "--num-workers", "2"]
-    if mode == "elastic ring":
+    """How a user starts `mode` with two workers on this machine: the
+    registered mode's launcher, with the words that select it."""
+    registered, ringtrain = modes.by_row(mode), os.path.join(BIN, "ringtrain")
+    words = list(registered.words)
+    if registered.launcher == "mpirun":
+        return ["mpirun", "-np", "2", "-x", "PATH", "-x", "PYTHONUNBUFFERED", ringtrain, *words]
+    if registered.launcher == "horovodrun-elastic":
         hosts = tmp / "elastic-hosts"
         hosts.write_text("localhost:2\n")
         return ["env", f"RINGTRAIN_ELASTIC_HOSTS={hosts}", os.path.join(BIN, "horovodrun"), "--gloo", "-np", "2",
-                "--min-np", "2", "--max-np", "2", "--host-discovery-script",
-                os.path.join(REPO, "mpi_hostfiles", "discover_hosts.sh"), ringtrain, "--elastic", "--commit-every", "2"]
-    mpirun = ["mpirun", "-np", "2", "-x", "PATH", "-x", "PYTHONUNBUFFERED", ringtrain]
-    return {"ring": mpirun, "TF collective": [*mpirun, "--backend", "tf-collective"],
-            "PS async": launch, "PS sync": [*launch, "--sync"],
-            "in-graph": [*launch, "--replication", "in-graph"], "TF2 PS": [*launch, "--api", "tf2"],
-            "towers": [*PS_BASELINE, "towers", "--towers", "2"]}[mode]
+                "--min-np", "2", "--max-np", "2", "--host-discovery-script", DISCOVER, ringtrain, *words,
+                "--commit-every", "2"]
+    ps_baseline = os.path.join(BIN, "ps-baseline")
+    if registered.launcher == "ps-baseline launch":
+        return [ps_baseline, "launch", "--num-ps", "1", "--num-workers", "2", *words]
+    assert registered.launcher == "ps-baseline towers", registered.launcher
+    return [ps_baseline, "towers", "--towers", "2", *words]
 
 
 def expected_steps(mode, steps):
-    """The summary's steps for --steps S: updates, which in async PS are every worker's own steps."""
-    return 2 * steps if mode in ("PS async", "TF2 PS") else steps
+    """The summary's steps for --steps S: updates, which in async modes are every worker's own steps."""
+    return steps if modes.by_row(mode).sync else 2 * steps
+
+
+def goes_on_without_a_worker(mode):
+    """Async between-graph PS: each worker's gradients are an update of their own."""
+    registered = modes.by_row(mode)
+    return not registered.sync and registered.launcher == "ps-baseline launch" and not registered.one_process
 
 
 # --- the runs each mode's cells share ------------------------------------------------------
@@ -78,14 +97,16 @@ class Runs:
     @functools.cached_property
     def first(self):
         """8 steps, checkpoints every 4, worker 1 at 3x, snapshots every 4, and a
-        diverging lr skipped (--on-nan skip), on a terminal."""
+        diverging lr skipped (--on-nan skip), on a terminal, with two GPUs assumed."""
         self.checkpoints, self.snapshots = self.folder / "ckpt", self.folder / "snapshots"
         self.summary_path = self.folder / "summary.json"
+        # (two GPUs assumed by name: each process reports the one it asks for)
         done = run_in_terminal(self.argv(*DIVERGING, "--on-nan", "skip", "--steps", "8", "--log-every", "2",
                                          "--checkpoint-dir", str(self.checkpoints), "--checkpoint-every", "4",
                                          "--straggler", "1:3", "--snapshot-every", "4",
                                          "--snapshot-dir", str(self.snapshots),
-                                         "--summary-json", str(self.summary_path)), timeout=180)
+                                         "--summary-json", str(self.summary_path)), timeout=180,
+                               env=dict(ENV, **{ASSUMED_GPUS_ENV: "2"}))
         assert done.returncode == 0, done.output[-4000:]
         return done
 
@@ -169,13 +190,40 @@ def check_on_nan_skip(runs, cell):
 def check_stall_timeout(runs, cell):
     frozen = frozen_worker(runs)
     assert frozen.seconds < STALL + MARGIN, frozen.log[-3000:]
-    if runs.mode == "PS async":  # training goes on without it
+    if goes_on_without_a_worker(runs.mode):
         assert frozen.code == 0 and "training goes on without it" in frozen.log, frozen.log[-3000:]
         assert '"reporting_workers": [0]' in frozen.log
         return
     lines = error_lines(frozen.log)
     assert frozen.code != 0 and len(lines) == 1 and "Traceback" not in frozen.log, frozen.log[-3000:]
-    assert frozen.named in lines[0], lines
+    assert re.search(frozen.named, lines[0]), (frozen.named, lines)
+
+
+def check_preemption(runs, cell):
+    """SIGTERM to one worker process (ring rank 1, PS worker task 1, the towers' one
+    process) once training is under way: every process stops after one step they
+    agree on, the chief writes a checkpoint there and says so in one line, and the
+    job exits 75 (stopped early, resumable)."""
+    import tensorflow as tf
+    folder = runs.folder / "preempted"
+    name, mode = "preempted-" + re.sub(r"\W+", "-", runs.mode), runs.mode
+    with Tasks(str(runs.folder)) as tasks:
+        job = tasks.start(name, runs.argv("--steps", "100000", "--log-every", "10", "--checkpoint-dir", str(folder)))
+        tasks.wait_for_text(name, re.compile(r"\bstep 20/"), 150)
+        victim = psutil_process(job.pid) if modes.by_row(mode).launcher == "ps-baseline towers" else \
+            worker_1(psutil_process(job.pid).children(recursive=True), mode)
+        victim.send_signal(signal.SIGTERM)
+        code, log = tasks.wait(name, 60), tasks.log(name)
+    lines = [line for line in log.splitlines() if ": stopped by " in line]
+    assert code == EXIT_PREEMPTED and len(lines) == 1 and "agreed by every" in lines[0], log[-3000:]
+    step = int(re.search(r"after step (\d+)", lines[0]).group(1))
+    saved = re.search(r"checkpoint (\S+) written", lines[0]).group(1)
+    assert saved.endswith(f"-{step}") and tf.train.load_checkpoint(saved).get_variable_to_shape_map(), lines[0]
+
+
+def psutil_process(pid):
+    import psutil
+    return psutil.Process(pid)
 
 
 def check_straggler(runs, cell):
@@ -191,10 +239,16 @@ def check_snapshot_every(runs, cell):
 
 
 def check_gpu_pinning(runs, cell):
-    # No GPU here: each process says what it computes on, and it is the CPU.
-    devices = runs.summary["worker_devices"]
-    assert devices and all(isinstance(d, str) and d for d in devices), devices
-    assert all("CPU" in d or "workers' own" in d for d in devices), devices
+    """With two GPUs assumed, what each process asked for: rank (or worker, or
+    tower) i on GPU i, as its qualifier says, so that a mode that pins every
+    worker to one GPU fails here, on a machine without any."""
+    qualifier = cell.removeprefix("✓").strip()
+    assert qualifier == modes.by_row(runs.mode).pinning, (cell, modes.by_row(runs.mode).pinning)
+    if qualifier == "one per tower":  # one process: its towers, each on a device of its own
+        assert runs.summary["devices"] == ["/device:GPU:0", "/device:GPU:1"], runs.summary["devices"]
+    else:  # "local rank", "per host": each worker process, by its place among those of its host
+        assert qualifier in ("local rank", "per host"), cell
+        assert runs.summary["worker_devices"] == ["GPU:0", "GPU:1"], runs.summary["worker_devices"]
 
 
 SHARED_FIELDS = {"mode", "model", "world_size", "steps", "images_per_sec", "images_per_sec_per_worker",
@@ -209,30 +263,43 @@ def check_summary_json(runs, cell):
 
 def check_progress(runs, cell):
     output = runs.first.output.replace("\r\n", "\n")  # (a terminal ends lines with \r\n)
+    assert cell.split()[0] == modes.by_row(runs.mode).progress, cell
     if cell == "bar":
         assert re.search(r"\r.*\[#+\.*\] ", output), output[-2000:]
     else:
-        assert cell.startswith("lines") and re.search(r"step 4/8", output) and "\r[" not in output, output[-2000:]
+        assert cell == "lines ¹" and re.search(r"step 4/8", output) and "\r[" not in output, output[-2000:]
 
 
+QUALIFIED = ("GPU pinning", "progress")  # cells with more than ✓: their checks read them
 CHECKS = {"--resume": check_resume, "checkpoint fallback": check_checkpoint_fallback, "full disk": check_full_disk,
           "--on-nan stop": check_on_nan_stop, "--on-nan skip": check_on_nan_skip,
-          "--stall-timeout": check_stall_timeout, "--straggler": check_straggler,
+          "--stall-timeout": check_stall_timeout, "preemption": check_preemption, "--straggler": check_straggler,
           "--snapshot-every": check_snapshot_every, "GPU pinning": check_gpu_pinning,
           "--summary-json": check_summary_json, "progress": check_progress}
 
 
 def test_the_table_names_every_mode_and_every_feature_once():
     assert set(FEATURES) == set(CHECKS) and len(FEATURES) == len(CHECKS)
-    assert set(TABLE) == {"ring", "elastic ring", "TF collective", "PS async", "PS sync", "in-graph", "TF2 PS",
-                          "towers"}
+    rows = [m.row for m in modes.MODES]
+    assert sorted(TABLE) == sorted(rows) and len(rows) == len(set(rows))  # every registered mode, once
+
+
+@pytest.mark.parametrize("mode", list(TABLE))
+def test_each_rows_command_is_how_its_mode_is_started(mode, tmp_path):
+    """The command column is the registry's, and the test runs it: its words, in
+    order, with N = 2 (and the elastic run's discovery script)."""
+    cell = COMMANDS[mode]
+    assert cell == f"`{modes.by_row(mode).command}`", cell
+    wanted = [{"N": "2", "S": DISCOVER}.get(w, w) for w in cell.strip("`").split()]
+    argv = iter(os.path.basename(w) if w.startswith(BIN) else w for w in command(mode, tmp_path))
+    assert all(word in argv for word in wanted), (wanted, command(mode, tmp_path))
 
 
 @pytest.mark.parametrize("mode,feature", [(m, f) for m in TABLE for f in FEATURES])
 def test_every_cell_of_the_table(mode, feature, runs, request):
     cell = TABLE[mode][feature]
-    assert cell.startswith("✓") or cell.startswith("bar") or cell.startswith("lines"), \
-        f"{mode} / {feature}: a cell is ✓, bar or lines (no mode refuses a feature): {cell!r}"
+    if feature not in QUALIFIED:
+        assert cell == "✓", f"{mode} / {feature}: a cell is ✓, or a qualifier this test reads: {cell!r}"
     check = CHECKS[feature]
     extra = {"small_disk": request.getfixturevalue("small_disk")} if feature == "full disk" else {}
     check(runs, cell, **extra)
@@ -258,16 +325,17 @@ def frozen_worker(runs):
     Returns how the job ended, and what the line that ends it must name."""
     import psutil
     mode, flags = runs.mode, ["--stall-timeout", str(STALL), "--log-every", "10"]
-    named = {"ring": "rank 1 (", "elastic ring": "rank ", "TF collective": "worker 1 (", "PS sync": "worker 1 at localhost:",
-             "in-graph": "worker task 1 (tower 1)", "TF2 PS": "worker task 1 at", "PS async": "worker 1 at",
-             "towers": "the training step has not returned"}[mode]
-    if mode == "towers":
+    one_process = modes.by_row(mode).launcher == "ps-baseline towers"  # (no worker of its own to freeze)
+    named = ("the training step has not returned" if one_process else
+             r"\brank \d" if modes.by_row(mode).launcher == "horovodrun-elastic" else r"\b(rank|worker|worker task) 1\b")
+    if one_process:
         flags += ["--straggler", "1:100000"]  # tower 1's every step waits 100000 times its compute
-    steps = ["--steps", "400", "--simulate-gpu", "30"] if mode == "PS async" else ["--steps", "100000"]
+    goes_on = goes_on_without_a_worker(mode)
+    steps = ["--steps", "400", "--simulate-gpu", "30"] if goes_on else ["--steps", "100000"]
     with Tasks(str(runs.folder)) as tasks:
         name = "stall-" + re.sub(r"\W+", "-", mode)
         job = tasks.start(name, runs.argv(*flags, *steps))
-        if mode == "towers":
+        if one_process:
             tasks.wait_for_text(name, "steps 0..", 120)
             started = time.monotonic()
             code = tasks.wait(name, STALL + MARGIN + 30)
@@ -277,13 +345,13 @@ def frozen_worker(runs):
         victim.send_signal(signal.SIGSTOP)
         started = time.monotonic()
         try:
-            code = tasks.wait(name, STALL + MARGIN + (60 if mode == "PS async" else 0))
+            code = tasks.wait(name, STALL + MARGIN + (60 if goes_on else 0))
         finally:
             try:
                 victim.send_signal(signal.SIGCONT)
             except psutil.Error:
                 pass
-        seconds = time.monotonic() - started if mode != "PS async" else 0
+        seconds = time.monotonic() - started if not goes_on else 0
         return Frozen(code, tasks.log(name), seconds, named)
 
 
@@ -294,8 +362,9 @@ def worker_1(processes, mode):
             return p.cmdline(), p.environ()
         except Exception:  # noqa: BLE001 -- gone, or not ours to read
             return [], {}
-    if mode in ("ring", "elastic ring", "TF collective"):
+    launcher = modes.by_row(mode).launcher
+    if launcher in ("mpirun", "horovodrun-elastic"):
         ranks = [p for p in processes if argv_env(p)[0][1:2] and argv_env(p)[0][1].endswith("bin/ringtrain")]
-        rank = "OMPI_COMM_WORLD_RANK" if mode != "elastic ring" else "HOROVOD_RANK"
+        rank = "OMPI_COMM_WORLD_RANK" if launcher == "mpirun" else "HOROVOD_RANK"
         return next(p for p in ranks if argv_env(p)[1].get(rank) == "1")
     return next(p for p in processes if "--job_name=worker" in argv_env(p)[0] and "--task_index=1" in argv_env(p)[0])

@@ -197,7 +197,7 @@ def test_a_profile_given_to_simulate_gpu_takes_no_other_model_and_a_bad_one_is_o
         words = ["launch"] if tool == "ps-baseline" else ["scaling", "--out", str(tmp_path / "r")] \
             if tool == "ringtrain-bench" else []
         assert_one_line_error([os.path.join(BIN, tool), *words, "--model", "mnist_mlp", "--simulate-gpu", profile],
-                              f"is my_net's profile, its tensors and its step time: drop --model mnist_mlp",
+                              "is my_net's profile, its tensors and its step time: drop --model mnist_mlp",
                               code=2, env=EXAMPLES_ENV)
     assert_one_line_error([RINGTRAIN, "--simulate-gpu", str(tmp_path / "none.json")],
                           f"--simulate-gpu {tmp_path / 'none.json'}: cannot read the profile", code=2)

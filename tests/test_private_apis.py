@@ -5,7 +5,7 @@ import pytest
 
 
 def test_sync_replicas_optimizer_still_counts_its_pending_gradients():
-    from ringtrain.ps_baseline.worker_v1 import pending_gradients
+    from ps_baseline.worker_v1 import pending_gradients
     from ringtrain.workloads.tfenv import import_tensorflow_quietly
     tf = import_tensorflow_quietly()
     with tf.Graph().as_default():

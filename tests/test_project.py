@@ -162,7 +162,7 @@ def test_the_check_fits_on_the_small_rows_only_and_prices_the_shared_cores(tmp_p
 
 def test_the_check_needs_rows_past_the_fit(tmp_path):
     from ringtrain.bench import project_check
-    from ringtrain.workloads.errors import UsageError
+    from ringtrain.common.errors import UsageError
     path = recorded_run(tmp_path, {1: 200.0, 2: 205.0})
     with pytest.raises(UsageError, match="no row with more than 4 workers to check"):
         project_check.check(path, 4)

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from helpers import PS_BASELINE, TINY, Tasks, checkpoint_step, descendant, hosts, last_json, ps_task, task_args
+from helpers import (PS_BASELINE, TINY, Tasks, at_own_step, checkpoint_step, descendant, hosts, last_json, ps_task,
+                     task_args)
 
 pytestmark = pytest.mark.slow
 
@@ -125,7 +126,7 @@ def launch_and_kill_worker(tmp_path, workers, victim, *flags, steps=300):
            "--steps", str(steps), *flags]
     with Tasks(str(tmp_path)) as tasks:
         job = tasks.start("launch", cmd)
-        tasks.wait_for_text("launch", f"worker {victim}: epoch 1 step 10/{steps}", 90)
+        tasks.wait_for_text("launch", at_own_step(victim, 10), 90)
         descendant(job.pid, ps_task("worker", victim)).kill()
         code = tasks.wait("launch", 100)
         return code, tasks.log("launch")

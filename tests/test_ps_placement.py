@@ -10,7 +10,7 @@ from helpers import PS_BASELINE, TINY, last_json, run_ok
 def placed(placement, num_ps=2, model="mnist_mlp"):
     """{variable name: (ps task, bytes)} as a worker's graph places them."""
     import tensorflow as tf
-    from ringtrain.ps_baseline import placement as P
+    from ps_baseline import placement as P
     from ringtrain.workloads import models
 
     spec = tf.train.ClusterSpec({"ps": [f"localhost:{1000 + i}" for i in range(num_ps)],

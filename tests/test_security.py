@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from helpers import ONE_THREAD, PS_BASELINE, Tasks
+from helpers import ONE_THREAD, PS_BASELINE, Tasks, at_own_step
 from ringtrain.multihost.private_net import PREFIX, PrivateNetwork
-from ringtrain.ps_baseline.launcher import exposure
+from ps_baseline.launcher import exposure
 
 
 def listening_ports(netns=None):
@@ -31,7 +31,7 @@ def test_launch_keeps_its_grpc_servers_off_every_interface_but_a_private_loopbac
     with Tasks(str(tmp_path)) as tasks:
         tasks.start("launch", [*PS_BASELINE, "launch", "--num-ps", "1", "--num-workers", "2", "--sync",
                                "--model", "mnist_mlp", "--steps", "100000", "--log-every", "20", *ONE_THREAD])
-        tasks.wait_for_text("launch", "global step 20 ", 150)
+        tasks.wait_for_text("launch", at_own_step(0, 20), 150)
         log = tasks.log("launch")
         ports = {int(p) for p in re.findall(r"(?:ps|worker)\d+ at localhost:(\d+)", log)}
         name = re.search(r"private network namespace \((\S+)\) that has only loopback", log).group(1)

@@ -12,13 +12,14 @@ import time
 import pytest
 
 from ringtrain.multihost import simcluster, slurm
-from ringtrain.workloads.errors import UsageError
-from helpers import ONE_THREAD, REPO, assert_checkpoint_is_one_process_on_the_global_batch, last_json, run_ok
+from ringtrain.common.errors import UsageError
+from helpers import (ONE_THREAD, REPO, Tasks, assert_checkpoint_is_one_process_on_the_global_batch, assert_same_weights,
+                     last_json, mpirun, run_ok, weights)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 SBATCH = os.path.join(REPO, "mpi_hostfiles", "slurm")
 TRAIN = ["--model", "mnist_mlp", "--batch-size", "16", "--log-every", "10", *ONE_THREAD]
-RUNNING = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"}
+RUNNING = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"}
 # What SLURM itself runs on a host; anything else there belongs to a job.
 DAEMONS = ("sshd", "munged", "slurmd", "slurmctld")
 
@@ -77,7 +78,8 @@ def output(folder, job):
 
 def completed(cluster, job, folder, timeout=240):
     final, text = wait_for_end(cluster, job, folder, timeout)
-    assert final == "COMPLETED", f"job {job} ended {final}:\n{text[-4000:]}"
+    assert final == "COMPLETED", (f"job {job} ended {final}:\n{text[-4000:]}\n"
+                                  + on_h1(cluster, ["scontrol", "show", "job", job], "/"))
     return text
 
 
@@ -184,3 +186,63 @@ def test_a_dead_node_ends_its_job_with_a_line_naming_it(tmp_path):
     finally:
         simcluster.down(name, quiet=True)
     assert not [ns for ns in os.listdir("/run/netns") if ns.startswith(f"{name}-")]
+
+
+# --- preemption: scancel --signal, the job's own requeue, and a resume that equals a run never stopped ---------
+
+DETERMINISTIC = ["--model", "mnist_cnn", "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.05", "--no-dropout",
+                 "--log-every", "10", "--checkpoint-every", "100000", *ONE_THREAD]
+PREEMPTED_STEPS = 200
+
+
+def wait_until(condition, timeout):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"still not so after {timeout} s"
+        time.sleep(0.3)
+
+
+def wait_for_output(cluster, job, folder, pattern, timeout=180):
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, output(folder, job)):
+        assert state(cluster, job) in RUNNING and time.monotonic() < deadline, output(folder, job)[-3000:]
+        time.sleep(0.3)
+
+
+@pytest.mark.parametrize("script,words,baseline", [
+    ("ring.sbatch", [], lambda args: mpirun(2, *args)),
+    ("tf-collective.sbatch", [], lambda args: mpirun(2, "--backend", "tf-collective", *args)),
+    ("ps.sbatch", ["--num-ps", "1", "--replication", "in-graph"],
+     lambda args: [os.path.join(os.path.dirname(os.sys.executable), "ps-baseline"), "launch", "--num-ps", "1",
+                   "--num-workers", "2", "--replication", "in-graph", *args]),
+], ids=["ring", "tf-collective", "ps-in-graph"])
+def test_scancel_signal_stops_a_job_which_requeues_itself_and_ends_as_if_never_stopped(nodes, tmp_path, script,
+                                                                                       words, baseline):
+    """`scancel --signal=USR1` (what `sbatch --signal` sends before the time
+    limit) reaches every task: the job stops at an agreed step within SLURM's
+    30 s, saves, requeues itself (its script does, on exit 75), comes back with
+    the same ID, resumes from its own checkpoint and ends with the weights of
+    a run that was never stopped (here, the same command under a plain launcher)."""
+    dump = str(tmp_path / "w-{rank}.npz")
+    ntasks = ["--ntasks=3"] if script == "ps.sbatch" else []
+    args = [*DETERMINISTIC, "--steps", str(PREEMPTED_STEPS)]
+    with Tasks(str(tmp_path)) as tasks:
+        tasks.start("whole", baseline([*args, "--dump-weights", dump.replace("w-", "whole-")]))
+        job = submit(nodes, script, tmp_path, *words, *args, "--checkpoint-dir", str(tmp_path / "ckpt"),
+                     "--dump-weights", dump, sbatch=["--open-mode=append", *ntasks])
+        wait_for_output(nodes, job, tmp_path, r"\bstep 30/")
+        signalled = time.monotonic()
+        on_h1(nodes, ["scancel", "--signal=USR1", job], tmp_path)
+        wait_for_output(nodes, job, tmp_path, r"requeueing it")
+        seconds = time.monotonic() - signalled
+        # SLURM holds a requeued job back for two minutes (its BeginTime); the test need not wait them
+        wait_until(lambda: "Reason=BeginTime" in on_h1(nodes, ["scontrol", "show", "job", "-o", job], "/"), 60)
+        on_h1(nodes, ["scontrol", "update", f"JobId={job}", "StartTime=now"], tmp_path)
+        text = completed(nodes, job, tmp_path, timeout=300)
+        assert tasks.wait("whole", 240) == 0, tasks.log("whole")[-3000:]
+    stopped = [line for line in text.splitlines() if ": stopped by " in line]
+    # (rank 0 is mpirun's own child, in the batch step, which scancel --signal leaves alone: it learns from
+    # the others, and names no signal of its own)
+    assert len(stopped) == 1 and seconds < 30, (seconds, text[-4000:])
+    assert "holds this run's own checkpoints" in text  # the requeued job resumed by itself
+    assert_same_weights(weights(dump, 0), weights(dump.replace("w-", "whole-"), 0))

@@ -78,7 +78,7 @@ def test_step_time_percentiles_and_the_update_rate_come_from_timed_steps_only():
 
 
 def test_async_staleness_is_a_histogram_with_percentiles():
-    from ringtrain.ps_baseline.reports import Staleness, staleness_fields
+    from ps_baseline.reports import Staleness, staleness_fields
     a, b = Staleness(), Staleness()
     for read, applied in [(0, 1), (1, 3), (3, 7)]:  # staleness 0, 1, 3
         a.add(read, applied)

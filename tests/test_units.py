@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from ringtrain.ps_baseline import launcher
-from ringtrain.ps_baseline.reports import Staleness, staleness_fields
+from ps_baseline import launcher
+from ps_baseline.reports import Staleness, staleness_fields
 from ringtrain.workloads.checkpoints import Progress
 from ringtrain.workloads.schedule import learning_rate_schedule
 from ringtrain.workloads.console import Console, human_summary
@@ -45,7 +45,8 @@ def test_lr_ramps_linearly_from_the_single_worker_lr_to_n_times_it():
 
 
 def test_lr_is_not_scaled_with_adasum_or_when_asked_not_to():
-    from ringtrain.cli import horovod_config, parser
+    from ringtrain.cli import parser
+    from ringtrain.train import horovod_config
     for flags in (["--adasum"], ["--no-lr-scaling"]):
         horovod = horovod_config(parser().parse_args(flags))
         lr_at = learning_rate_schedule(0.01, 4, 100, scale=horovod.lr_scaling, warmup_epochs=horovod.warmup_epochs)
@@ -157,7 +158,7 @@ def test_hostfile_lines_are_read_as_openmpi_does(tmp_path):
 ])
 def test_a_bad_hostfile_is_one_error_naming_the_line_and_the_fix(tmp_path, text, expected):
     from ringtrain.multihost.hostfile import read_hostfile
-    from ringtrain.workloads.errors import UsageError
+    from ringtrain.common.errors import UsageError
     path = tmp_path / "hosts"
     path.write_text(text)
     with pytest.raises(UsageError, match=None) as caught:
@@ -167,6 +168,6 @@ def test_a_bad_hostfile_is_one_error_naming_the_line_and_the_fix(tmp_path, text,
 
 def test_too_few_slots_says_how_many_there_are_and_are_needed():
     from ringtrain.multihost.hostfile import Host, fill
-    from ringtrain.workloads.errors import UsageError
+    from ringtrain.common.errors import UsageError
     with pytest.raises(UsageError, match=r"has 2 slot\(s\) \(h1 slots=1, h2 slots=1\) but 3 are needed"):
         fill([Host("h1", 1), Host("h2", 1)], 3, "hf")

@@ -1,0 +1,189 @@
+"""`ringtrain-bench scaling`: ring against PS, each configuration run through
+its real launcher, one table row per (mode, N, P): on this machine, on the
+hosts of a hostfile, or on simulated clusters whose links the bench shapes
+itself (`--cluster H --link-rate R1,R2`). Rows: bench/scaling_rows.py; the
+report: bench/scaling_report.py; columns: bench/COLUMNS.md."""
+import json
+import os
+import sys
+
+from ringtrain.bench import allreduce, bench_modes, launch, sites, tables
+from ringtrain.bench.environment import describe, usable_cores
+from ringtrain.bench.scaling_report import write, write_links
+from ringtrain.bench.scaling_rows import build, per_worker_batch
+from ringtrain.workloads.catalog import simulated_step_ms
+
+MODES = bench_modes.scaling_modes()
+# The α-β fit of a link, plus the model's gradient size. From 1 MB up: smaller messages
+# pass within a token bucket's burst, faster than the link's rate.
+LINK_FIT_SIZES = "1M..16M"
+
+
+def ps_counts(cfg, workers):
+    """The PS task counts to run at N workers: numbers, or N (one per worker host)."""
+    return sorted({workers if p == "N" else int(p) for p in cfg["num_ps"]})
+
+
+def configurations(cfg, across_hosts):
+    """(mode, N, P) of every run; `independent` (N trainers exchanging nothing)
+    is every row's compute baseline on one machine; across hosts that is the
+    same mode at N = 1, where nothing crosses a wire."""
+    modes = list(cfg["modes"])
+    if not across_hosts and bench_modes.INDEPENDENT not in modes:
+        modes.append(bench_modes.INDEPENDENT)
+    if across_hosts:
+        modes = [m for m in modes if not bench_modes.one_machine(m)]
+    out = []
+    for n in cfg["np"]:
+        for mode in modes:
+            for p in (ps_counts(cfg, n) if mode.startswith("ps-") else [0]):
+                if (mode, n, p) not in out:
+                    out.append((mode, n, p))
+    return out
+
+
+def simulated_ms(cfg, site):
+    """The accelerator step each trainer waits (times the dilation), or None."""
+    ms = simulated_step_ms(cfg["model"], cfg.get("simulate_gpu_ms"))
+    return ms * site.dilation if ms else None
+
+
+def training_flags(cfg, batch, site):
+    flags = ["--model", cfg["model"], "--dataset", cfg["data"], "--batch-size", str(batch),
+             "--steps", str(cfg["steps"]), "--threads", str(cfg["threads"]),
+             "--warmup-steps", str(cfg.get("warmup_steps", 3)), "--optimizer", cfg.get("optimizer", "adam"),
+             "--log-every", str(max(1, cfg["steps"] // 4))]
+    ms = simulated_ms(cfg, site)
+    if ms:
+        flags += ["--simulate-gpu", f"{ms:g}"]
+    return flags + (["--data-dir", cfg["data_dir"]] if cfg.get("data_dir") else [])
+
+
+def command(mode, workers, num_ps, cfg, batch, summary, site, workdir):
+    """The launcher command for one configuration, as an argument list: the
+    registered mode's launcher (ringtrain/modes.py), with the words that select it."""
+    train = training_flags(cfg, batch, site)
+    if mode == bench_modes.INDEPENDENT:  # the machine's ceiling: N single-rank trainers, no launcher
+        return [sys.executable, "-m", "ringtrain.bench.independent", "--np", str(workers),
+                "--summary-json", summary, "--", launch.tool("ringtrain")] + train
+    registered = bench_modes.registered(mode)
+    train = list(registered.words) + train + ["--summary-json", summary]
+    if registered.launcher == "ps-baseline towers":  # one process, a tower per (logical) device
+        return [launch.tool("ps-baseline"), "towers", "--towers", str(workers)] + train
+    if registered.launcher == "ps-baseline launch":
+        placement = ["--hostfile", site.write_hostfile(workers, os.path.join(workdir, f"hosts-n{workers}"))] \
+            if site.across_hosts else []
+        return [launch.tool("ps-baseline"), "launch", *placement, "--num-ps", str(num_ps),
+                "--num-workers", str(workers), "--placement", cfg.get("placement", "round_robin")] + train
+    assert registered.launcher == "mpirun", f"the bench does not start {registered.launcher} yet"
+    trainer = [launch.tool("ringtrain")] + train + (horovod_knobs(mode, cfg) if bench_modes.is_ring(mode) else [])
+    hosts = site.host_list(workers) if site.across_hosts else None
+    if mode == "ring-gloo":
+        return launch.horovodrun(workers, trainer, gloo=True, hosts=hosts)
+    # plain mpirun: the same ranks as horovodrun's, without its ~8 s of start-up checks
+    return launch.mpirun(workers, trainer, usable_cores(), hosts=hosts)
+
+
+def horovod_knobs(mode, cfg):
+    """Horovod's cycle and fusion buffer as the run sets them, and its background loop."""
+    extra = []
+    for flag, key in (("--cycle-time-ms", "cycle_time_ms"), ("--fusion-threshold-mb", "fusion_threshold_mb")):
+        if cfg.get(key) is not None:
+            extra += [flag, f"{cfg[key]:g}"]
+    return extra + ["--horovod-loop", "upstream" if mode == "ring-upstream" else "event"]
+
+
+def run_one(mode, workers, num_ps, cfg, out_dir, site, log, round_=0):
+    tag = f"{mode}-n{workers}" + (f"-p{num_ps}" if num_ps else "") + f"-r{round_ + 1}"
+    return run_tagged(tag, lambda summary, runs: command(mode, workers, num_ps, cfg, per_worker_batch(cfg, workers),
+                                                         summary, site, runs), out_dir, site, cfg["timeout"], log)
+
+
+def run_tagged(tag, make_command, out_dir, site, timeout, log):
+    """Run make_command(summary path, runs folder) as OUT/runs/TAG.{json,log};
+    returns its summary, or raises RuntimeError with the log's last lines."""
+    runs = os.path.join(out_dir, "runs")
+    os.makedirs(runs, exist_ok=True)
+    summary, logf = os.path.join(runs, f"{tag}.json"), os.path.join(runs, f"{tag}.log")
+    if os.path.exists(summary):
+        os.remove(summary)
+    cmd = make_command(summary, runs)
+    log(f"ringtrain-bench: {tag}: {' '.join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd))}")
+    rc = launch.run(site.enter(cmd), logf, timeout)
+    if rc != 0 or not os.path.exists(summary):
+        raise RuntimeError(f"{tag} failed (exit {rc}); last lines of {logf}:\n{launch.tail(logf)}")
+    with open(summary) as f:
+        result = json.load(f)
+    result["_summary_json"], result["_log"] = summary, logf
+    return result
+
+
+def load_alpha_beta(path):
+    """{"ring", "tf", "ps": fit} from an allreduce.json, if there is one: the
+    fits of Horovod's allreduce, TF's collective one and the gRPC push/pull."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        ar = json.load(f)
+    fits, used = ar.get("alpha_beta", {}), {"ring": "alpha_beta_used_for_predictions",
+                                             "tf": "alpha_beta_used_for_tf_predictions",
+                                             "ps": "alpha_beta_used_for_ps_predictions"}
+    return {family: fits.get(ar.get(key)) for family, key in used.items()}
+
+
+def fit_links(cfg, out_dir, site, log):
+    """α and β of these hosts' links: OpenMPI's ring allreduce across them (at
+    every N of the run, at least 2), TF's own ring where the run has TF's
+    collective mode, and a gRPC push and pull between two of them."""
+    ranks = sorted({max(n, 2) for n in cfg["np"]})
+    result = allreduce.run(ranks, tables.parse_sizes(LINK_FIT_SIZES), os.path.join(out_dir, "link-fit"),
+                           model=cfg["model"], trials=2, warmup=1, gloo=False, horovod=False, timeout=cfg["timeout"],
+                           site=site, mpi_algorithms=["ring"], log=log, tf="tf-collective" in cfg["modes"])
+
+    def fits_of(impl):  # {"N": fit at N ranks, "all": over every N}
+        return {key.partition("@")[2] or "all": fit for key, fit in result["alpha_beta"].items()
+                if key.partition("@")[0] == impl} or None
+    return {"ring": fits_of("mpi-ring"), "tf": fits_of(allreduce.TF_FIT_IMPL),
+            "ps": result["alpha_beta"].get("grpc-ps")}
+
+
+def run(cfg, out_dir, log=print, site=None):
+    """Every (mode, N, P) run on one site, then the table, CSV, JSON and plots."""
+    site = site or sites.this_machine()
+    os.makedirs(os.path.join(out_dir, "runs"), exist_ok=True)
+    environment = describe(threads_per_worker=cfg["threads"], hostfile=site.label)  # load before our runs
+    fits = fit_links(cfg, out_dir, site, log) if site.across_hosts else load_alpha_beta(cfg.get("alpha_beta_json"))
+    summaries = {}
+    # Rounds: every configuration once per round, so that a slow spell on a
+    # shared machine hits one round of all of them, not all runs of one.
+    for r in range(cfg.get("repeats", 1)):
+        for mode, n, p in configurations(cfg, site.across_hosts):
+            summaries.setdefault((mode, n, p), []).append(run_one(mode, n, p, cfg, out_dir, site, log, round_=r))
+    result = build(summaries, cfg, fits.get("ring"), fits.get("ps"), site=site_facts(site, cfg),
+                   environment=environment, tf_fit=fits.get("tf"))
+    result["environment"]["load_average_at_end"] = list(os.getloadavg())
+    write(result, out_dir)
+    return result
+
+
+def site_facts(site, cfg):
+    return {"label": site.label, "across_hosts": site.across_hosts, "link_rate": site.link_rate,
+            "dilation": site.dilation, "hosts": len(site.hosts) or 1,
+            "hosts_share_cores": site.cluster is not None,  # a simulated cluster: every host is this machine
+            "simulated_gpu_ms": simulated_step_ms(cfg["model"], cfg.get("simulate_gpu_ms"))}
+
+
+def link_folder(rate, dilation):
+    """The folder of one link rate's results in a --cluster run: 1gbit, 10gbit-dilated10."""
+    return rate + (f"-dilated{dilation:g}" if dilation != 1 else "")
+
+
+def run_links(cfg, out_dir, hosts, link_rates, dilations, log=print):
+    """The scaling bench on a simulated cluster of `hosts` hosts, once per link
+    rate (each shaped at rate / dilation), into OUT/RATE/, and one report,
+    OUT/scaling.md, over every rate measured into OUT (earlier runs' too)."""
+    for rate, dilation in zip(link_rates, dilations):
+        label = link_folder(rate, dilation)
+        with sites.simulated(hosts, rate, dilation, log=log) as site:
+            run(cfg, os.path.join(out_dir, label), log, site)
+    return write_links(out_dir)
