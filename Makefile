@@ -7,13 +7,18 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 NP ?= 2
 
-.PHONY: install install-gpu run test test-quick docs bench bench-cluster bench-sync doctor clean
+.PHONY: install install-gpu wheel run test test-quick docs bench bench-cluster bench-sync doctor clean
 
 install:
 	bash scripts/install.sh
 
 install-gpu:
 	GPU=1 bash scripts/install.sh
+
+# The Horovod wheel `make install` builds (or its cached copy), and where it is: for `pip install`
+# into another environment with the same TensorFlow and Python (docs/keras.md). GPU=1 for CUDA/NCCL.
+wheel:
+	bash scripts/install.sh --wheel-only
 
 # MNIST (embedded 5000 digits) on $(NP) ranks, one TF thread each.
 run: install

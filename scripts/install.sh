@@ -10,7 +10,17 @@
 #   scripts/install.sh          # CPU (tensorflow-cpu, Horovod with MPI + Gloo)
 #   GPU=1 scripts/install.sh    # GPU (tensorflow[and-cuda], HOROVOD_GPU_OPERATIONS=NCCL)
 #   TEST_TOOLS=1 scripts/install.sh   # also what only the tests use: Debian's headless Chromium
+#   scripts/install.sh --wheel-only   # (make wheel) build or reuse the Horovod wheel and print where it is,
+#                                     # for `pip install` into another environment: docs/keras.md
 set -euo pipefail
+
+WHEEL_ONLY=0
+for arg in "$@"; do
+    case "$arg" in
+        --wheel-only) WHEEL_ONLY=1 ;;
+        *) echo "install.sh: unknown argument $arg (the one there is: --wheel-only)" >&2; exit 2 ;;
+    esac
+done
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -98,7 +108,7 @@ horovod_tf_lib_present() {  # the built extension, found without importing TF
 spec = importlib.util.find_spec('horovod')
 sys.exit(0 if spec and glob.glob(os.path.join(spec.submodule_search_locations[0], 'tensorflow', 'mpi_lib*.so')) else 1)"
 }
-if [ "$(cat "$hvd_stamp" 2>/dev/null)" = "$KEY" ] && horovod_tf_lib_present; then
+if [ "$WHEEL_ONLY" = 0 ] && [ "$(cat "$hvd_stamp" 2>/dev/null)" = "$KEY" ] && horovod_tf_lib_present; then
     say "horovod up to date ($KEY)"
     exit 0
 fi
@@ -124,6 +134,14 @@ if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
         "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$work/dist" "$src"
     mkdir -p "$WHEEL_DIR"
     cp "$work"/dist/horovod-*.whl "$WHEEL_DIR/"
+fi
+if [ "$WHEEL_ONLY" = 1 ]; then
+    wheel=$(ls "$WHEEL_DIR"/horovod-*.whl)
+    tf_dist=tensorflow-cpu; [ "$GPU" = 1 ] && tf_dist="tensorflow[and-cuda]"
+    say "built against $tf_dist $TF_VERSION and Python $PY_VERSION; it needs OpenMPI $MPI_VERSION's libraries (apt: openmpi-bin)"
+    say "into another environment: pip install '$tf_dist==$TF_VERSION', then: pip install $wheel"
+    echo "$wheel"  # the last line: the wheel
+    exit 0
 fi
 say "installing cached wheel $WHEEL_DIR"
 "${PIP[@]}" install --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl

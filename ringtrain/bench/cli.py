@@ -34,6 +34,7 @@ EXAMPLES = """examples:
   ringtrain-bench profile --model keras:ResNet50 --image-shape 224x224x3 --num-classes 1000 --step-ms 292 --out r50.json
   ringtrain-bench scaling --cluster 4 --simulate-gpu r50.json --np 1,2,4 --out r
   ringtrain-bench parity --model keras:ResNet50 --np 2 --rounds 3 --out r   # against a plain Horovod script
+  ringtrain-bench parity --recipe keras-fit --model keras:ResNet50 --rounds 3 --out r   # Keras fit against the tape
 
   the input pipeline alone (img/s per core), and training from TFRecords against memory, side by side:
   ringtrain-bench pipeline --data synthetic --data tfrecords:synthetic --train 1,2 --out r
@@ -389,6 +390,9 @@ def parity_command(sub, common):
     pa = sub.add_parser("parity", help="ringtrain against a plain Horovod script (examples/plain_horovod.py) "
                         "on the same Keras Applications network, batch and threads (the script with ringtrain's "
                         "OpenMPI settings and with OpenMPI's defaults), in rotating rounds", **common)
+    pa.add_argument("--recipe", choices=("ringtrain", "keras-fit"), default="ringtrain",
+                    help="what runs against the plain GradientTape script: ringtrain (default), or Horovod's "
+                         "Keras recipe, model.fit with hvd.DistributedOptimizer (keras-fit)")
     pa.add_argument("--model", default="keras:ResNet50", type=keras_application, metavar="keras:NAME",
                     help="a keras.applications network (default %(default)s)")
     pa.add_argument("--np", type=positive_int, default=2, metavar="N", help="ranks, under mpirun (default 2)")
@@ -633,7 +637,7 @@ def run_parity(args, log):
     check_timed_steps(args)
     cfg = {"model": args.model, "np": args.np, "image_shape": list(args.image_shape), "batch_size": args.batch_size,
            "steps": args.steps, "warmup_steps": args.warmup_steps, "lr": args.lr, "rounds": args.rounds,
-           "threads": args.threads, "timeout": args.timeout}
+           "threads": args.threads, "timeout": args.timeout, "recipe": args.recipe}
     result = parity.run(cfg, args.out, log=log)
     print(parity.markdown(result), end="", flush=True)
     return result

@@ -11,6 +11,11 @@ round, so that a machine that drifts slows all of them alike. Each round
 gives its ratios; the report gives the median round's. All measure images/s
 the same way: every rank's timed samples over the slowest rank's timed
 seconds, the warm-up steps excluded.
+
+With `--recipe keras-fit` it prices Horovod's Keras recipe instead: the same
+network, batch and ranks trained by `model.fit` with hvd.DistributedOptimizer
+and Horovod's callbacks (examples/keras_synthetic_benchmark.py), against the
+plain GradientTape script, both with ringtrain's OpenMPI settings, alternating.
 """
 import json
 import os
@@ -22,6 +27,7 @@ from ringtrain.workloads.horovod_env import ringtrains_mpi_env
 from ringtrain.workloads.numbers import median
 
 PLAIN_SCRIPT = os.path.join(launch.REPO, "examples", "plain_horovod.py")
+KERAS_FIT_SCRIPT = os.path.join(launch.REPO, "examples", "keras_synthetic_benchmark.py")
 # ringtrain's own OpenMPI settings, which the plain script gets from the launch
 RINGTRAINS_MPI = ringtrains_mpi_env()
 IMPLS = ("plain", "plain-ompi-defaults", "ringtrain")  # (the runs' tags)
@@ -31,6 +37,13 @@ COLUMNS = [("round", "round"), ("plain", "plain Horovod img/s"), ("ringtrain", "
            ("ringtrain_step", "ringtrain step p50 ms")]
 CSV_KEYS = ["round", "plain_images_per_sec", "ringtrain_images_per_sec", "ratio",
             "plain_ompi_defaults_images_per_sec", "settings_ratio", "plain_step_p50_ms", "ringtrain_step_p50_ms"]
+# --recipe keras-fit
+KERAS_IMPLS = ("plain", "keras-fit")
+KERAS_COLUMNS = [("round", "round"), ("plain", "GradientTape recipe img/s"), ("keras", "Keras fit recipe img/s"),
+                 ("ratio", "fit ÷ GradientTape"), ("plain_step", "GradientTape step p50 ms"),
+                 ("keras_step", "fit step p50 ms")]
+KERAS_CSV_KEYS = ["round", "plain_images_per_sec", "keras_fit_images_per_sec", "ratio", "plain_step_p50_ms",
+                  "keras_fit_step_p50_ms"]
 
 
 def commands(cfg, summary_path):
@@ -41,6 +54,12 @@ def commands(cfg, summary_path):
               "--warmup-steps", str(cfg["warmup_steps"]), "--lr", f"{cfg['lr']:g}", "--threads", str(cfg["threads"])]
     plain = [sys.executable, PLAIN_SCRIPT, "--model", app, "--image-shape", f"{height}x{width}x{channels}",
              *shared]
+    if cfg.get("recipe") == "keras-fit":
+        fit_script = [sys.executable, KERAS_FIT_SCRIPT, "--model", app, "--image-shape",
+                     f"{height}x{width}x{channels}", *shared]
+        names = sorted(RINGTRAINS_MPI)
+        return {"plain": (launch.mpirun(cfg["np"], plain, usable_cores(), env_names=names), RINGTRAINS_MPI),
+                "keras-fit": (launch.mpirun(cfg["np"], fit_script, usable_cores(), env_names=names), RINGTRAINS_MPI)}
     ours = [launch.tool("ringtrain"), "--model", cfg["model"], "--data", "synthetic",
             "--image-shape", f"{height}x{width}x{channels}", "--optimizer", "sgd", "--no-lr-scaling",
             "--warmup-epochs", "0", "--log-every", str(cfg["steps"]), "--summary-json", summary_path, *shared]
@@ -54,16 +73,26 @@ def run(cfg, out_dir, log=print):
     runs_dir = os.path.join(out_dir, "runs")
     os.makedirs(runs_dir, exist_ok=True)
     environment = describe(threads_per_worker=cfg["threads"], hostfile=None)
+    fit_recipe = cfg.get("recipe") == "keras-fit"
+    impls = KERAS_IMPLS if fit_recipe else IMPLS
     rows = []
     for round_ in range(1, cfg["rounds"] + 1):
         measured = {}
-        for impl in IMPLS[round_ % len(IMPLS):] + IMPLS[:round_ % len(IMPLS)]:
+        for impl in impls[round_ % len(impls):] + impls[:round_ % len(impls)]:
             tag = f"{impl}-r{round_}"
             summary_path, log_path = (os.path.join(runs_dir, f"{tag}.{ext}") for ext in ("json", "log"))
             cmd, env = commands(cfg, summary_path)[impl]
             log(f"ringtrain-bench: {tag}: {' '.join(os.path.basename(c) if i < 1 else c for i, c in enumerate(cmd))}")
             code = launch.run(cmd, log_path, cfg["timeout"], env=env)
             measured[impl] = _summary(impl, summary_path, log_path, code, tag)
+        if fit_recipe:
+            plain, fit = measured["plain"], measured["keras-fit"]
+            rows.append({"round": round_, "plain_images_per_sec": plain["images_per_sec"],
+                         "keras_fit_images_per_sec": fit["images_per_sec"],
+                         "ratio": fit["images_per_sec"] / plain["images_per_sec"],
+                         "plain_step_p50_ms": 1000 * plain["step_time_p50_sec"],
+                         "keras_fit_step_p50_ms": 1000 * fit["step_time_p50_sec"]})
+            continue
         plain, defaults, ours = (measured[impl] for impl in IMPLS)
         rows.append({"round": round_, "plain_images_per_sec": plain["images_per_sec"],
                      "ringtrain_images_per_sec": ours["images_per_sec"],
@@ -73,8 +102,9 @@ def run(cfg, out_dir, log=print):
                      "plain_step_p50_ms": 1000 * plain["step_time_p50_sec"],
                      "ringtrain_step_p50_ms": 1000 * _slowest_rank_step(ours)})
     result = {"config": cfg, "environment": environment, "rows": rows,
-              "median_ratio": median([r["ratio"] for r in rows]),
-              "median_settings_ratio": median([r["settings_ratio"] for r in rows])}
+              "median_ratio": median([r["ratio"] for r in rows])}
+    if not fit_recipe:
+        result["median_settings_ratio"] = median([r["settings_ratio"] for r in rows])
     result["environment"]["load_average_at_end"] = list(os.getloadavg())
     write(result, out_dir)
     return result
@@ -83,7 +113,17 @@ def run(cfg, out_dir, log=print):
 def write(result, out_dir):
     from ringtrain.bench import plots
     plots.write_index(out_dir, "parity", [])  # no plot: a ratio a round
-    return tables.write_report(out_dir, "parity", markdown(result), CSV_KEYS, result)
+    csv_keys = KERAS_CSV_KEYS if keras_fit(result) else CSV_KEYS
+    return tables.write_report(out_dir, "parity", markdown(result), csv_keys, result)
+
+
+def keras_fit(result):
+    return result["config"].get("recipe") == "keras-fit"
+
+
+def columns_of(result):
+    """(COLUMNS, MAIN_COLUMNS) of this result's table: --recipe keras-fit has its own."""
+    return (KERAS_COLUMNS, KERAS_MAIN_COLUMNS) if keras_fit(result) else (COLUMNS, MAIN_COLUMNS)
 
 
 def _summary(impl, summary_path, log_path, code, tag):
@@ -106,10 +146,14 @@ def _slowest_rank_step(summary):
 
 
 MAIN_COLUMNS = ["round", "plain", "ringtrain", "ratio", "defaults", "settings", "plain_step", "ringtrain_step"]
+KERAS_MAIN_COLUMNS = ["round", "plain", "keras", "ratio", "plain_step", "keras_step"]
 
 
 def title(result):
     cfg = result["config"]
+    if keras_fit(result):
+        return (f"Horovod's Keras fit recipe against its GradientTape recipe: {cfg['model']}, {cfg['np']} ranks x "
+                f"batch {cfg['batch_size']}, on this machine")
     return (f"ringtrain against a plain Horovod script: {cfg['model']}, {cfg['np']} ranks x batch "
             f"{cfg['batch_size']}, on this machine")
 
@@ -117,6 +161,14 @@ def title(result):
 def method(result):
     cfg = result["config"]
     shape = "x".join(map(str, cfg["image_shape"]))
+    if keras_fit(result):
+        return (f"{shape} images, {cfg['threads']} TF thread(s) per rank. Both under mpirun with the OpenMPI settings "
+                f"ringtrain sets for itself ({', '.join(f'{k}={v}' for k, v in sorted(RINGTRAINS_MPI.items()))}), "
+                f"SGD, {cfg['steps']} steps of which {cfg['warmup_steps']} are warm-up, in {cfg['rounds']} round(s), "
+                f"the order alternating. GradientTape: examples/plain_horovod.py; fit: "
+                f"examples/keras_synthetic_benchmark.py (model.fit, hvd.DistributedOptimizer, the broadcast and "
+                f"metric-average callbacks, epochs of 10 steps). img/s: every rank's timed samples over the slowest "
+                f"rank's timed seconds. Columns: bench/COLUMNS.md.\n")
     return (f"{shape} images, {cfg['threads']} TF thread(s) per rank. "
             f"All under mpirun, SGD, {cfg['steps']} steps of which {cfg['warmup_steps']} are warm-up, in "
             f"{cfg['rounds']} round(s), the order rotating. img/s: every rank's timed samples over the slowest "
@@ -126,6 +178,11 @@ def method(result):
 
 
 def table_rows(result):
+    if keras_fit(result):
+        return [{"round": r["round"], "plain": tables.fmt(r["plain_images_per_sec"], 1),
+                 "keras": tables.fmt(r["keras_fit_images_per_sec"], 1), "ratio": f"{r['ratio']:.3f}",
+                 "plain_step": tables.fmt(r["plain_step_p50_ms"], 0),
+                 "keras_step": tables.fmt(r["keras_fit_step_p50_ms"], 0)} for r in result["rows"]]
     return [{"round": r["round"], "plain": tables.fmt(r["plain_images_per_sec"], 1),
              "ringtrain": tables.fmt(r["ringtrain_images_per_sec"], 1), "ratio": f"{r['ratio']:.3f}",
              "defaults": tables.fmt(r["plain_ompi_defaults_images_per_sec"], 1),
@@ -134,18 +191,23 @@ def table_rows(result):
 
 
 def notes(result):
+    if keras_fit(result):
+        return f"\nMedian round: fit ÷ GradientTape = {result['median_ratio']:.3f}.\n"
     return (f"\nMedian round: ringtrain ÷ plain = {result['median_ratio']:.3f}; plain with ringtrain's "
             f"OpenMPI settings ÷ plain with OpenMPI's defaults = {result['median_settings_ratio']:.3f}.\n")
 
 
 def markdown(result):
-    return tables.report(title(result), finding_sentences(result), COLUMNS, table_rows(result), notes(result),
-                         method(result))
+    return tables.report(title(result), finding_sentences(result), columns_of(result)[0], table_rows(result),
+                         notes(result), method(result))
 
 
 def finding_sentences(result):
     rounds = len(result["rows"])
     of = f"the median of {rounds} rounds" if rounds > 1 else "one round"
+    if keras_fit(result):
+        return [f"Horovod's Keras fit recipe trained at {result['median_ratio']:.3f}× its GradientTape recipe's "
+                f"img/s ({of})."]
     return [f"ringtrain trained at {result['median_ratio']:.3f}× the plain Horovod script's img/s ({of}).",
             f"ringtrain's OpenMPI settings made the plain script {result['median_settings_ratio']:.3f}× as fast "
             f"as OpenMPI's defaults ({of})."]

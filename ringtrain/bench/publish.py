@@ -83,7 +83,10 @@ def tables_of(parts):
     for stem, found in parts:
         module = writer(stem)
         caption = {"allreduce": "Allreduce", "scaling": "Scaling"}.get(stem, "") if len(parts) > 1 else ""
-        out.append(html_report.Table(caption, module.COLUMNS, module.MAIN_COLUMNS,
+        # (a report whose columns depend on how it ran, as parity's --recipe, says which)
+        columns, main = (module.columns_of(found[0][0]) if hasattr(module, "columns_of")
+                         else (module.COLUMNS, module.MAIN_COLUMNS))
+        out.append(html_report.Table(caption, columns, main,
                                      [row for result, _ in found for row in module.table_rows(result)]))
     return out
 

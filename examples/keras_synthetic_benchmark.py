@@ -1,0 +1,91 @@
+"""Horovod's synthetic Keras benchmark recipe on Keras 3, as Horovod's
+examples/tensorflow2/tensorflow2_keras_synthetic_benchmark.py writes it: a
+Keras Applications network on random images, hvd.DistributedOptimizer, the
+broadcast and metric-average callbacks, `model.fit`. The same model, data,
+flags and JSON line as examples/plain_horovod.py (the GradientTape recipe), so
+that `ringtrain-bench parity --recipe keras-fit` can run the two side by side.
+
+    mpirun -np 2 python examples/keras_synthetic_benchmark.py --model ResNet50 --batch-size 16 --steps 30
+
+It prints one JSON line, with images/s measured as plain_horovod.py measures
+it: every rank's timed samples over the slowest rank's timed seconds, the
+warm-up steps excluded. A step's time runs from the end of the step before,
+so it holds whatever fit does between steps (callbacks, epoch ends).
+"""
+import argparse
+import json
+import os
+import time
+
+import horovod.tensorflow.keras as hvd
+import keras
+import numpy as np
+import tensorflow as tf
+
+p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+p.add_argument("--model", default="ResNet50", help="a keras.applications name")
+p.add_argument("--image-shape", default="32x32x3", help="HxWxC")
+p.add_argument("--classes", type=int, default=10)
+p.add_argument("--batch-size", type=int, default=16, help="per rank")
+p.add_argument("--steps", type=int, default=30, help="steps in all, the warm-up included")
+p.add_argument("--warmup-steps", type=int, default=3, help="not timed")
+p.add_argument("--steps-per-epoch", type=int, default=10,
+               help="as Horovod's recipe: epochs of 10 batches (the last epoch runs whole)")
+p.add_argument("--lr", type=float, default=0.01)
+p.add_argument("--threads", type=int, default=1, help="TF's intra- and inter-op threads")
+p.add_argument("--fp16-allreduce", action="store_true", help="fp16 compression of the gradients")
+args = p.parse_args()
+
+# Horovod: initialise, and pin TF's thread pools as the ranks share the machine.
+hvd.init()
+tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+
+shape = tuple(int(d) for d in args.image_shape.split("x"))
+keras.utils.set_random_seed(hvd.rank())
+model = getattr(keras.applications, args.model)(weights=None, input_shape=shape, classes=args.classes,
+                                                classifier_activation=None)
+rng = np.random.default_rng(hvd.rank())
+images = rng.random((args.batch_size, *shape), np.float32)
+labels = rng.integers(0, args.classes, args.batch_size)
+dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()  # one batch, again and again
+
+# Horovod: average the gradients over the ranks in apply_gradients (optionally sent as fp16).
+compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(args.lr), compression=compression)
+model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+class StepTimes(keras.callbacks.Callback):
+    """When each step ended: a step's time is from the end of the one before."""
+
+    def on_train_begin(self, logs=None):
+        self.ends = [time.perf_counter()]
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(time.perf_counter())
+
+
+timer = StepTimes()
+callbacks = [
+    # Horovod: every rank starts from rank 0's weights.
+    hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+    # Horovod: each epoch's loss, averaged over the ranks.
+    hvd.callbacks.MetricAverageCallback(),
+    timer,
+]
+steps_per_epoch = min(args.steps_per_epoch, args.steps)
+model.fit(dataset, steps_per_epoch=steps_per_epoch, epochs=-(-args.steps // steps_per_epoch), callbacks=callbacks,
+          verbose=0, shuffle=False)  # (one batch: nothing to shuffle)
+
+step_seconds = np.diff(timer.ends)[args.warmup_steps:args.steps]
+# Horovod: every rank's timed seconds, so that the rate is the job's, not rank 0's times N.
+seconds = [float(s) for s in hvd.allgather([float(step_seconds.sum())])]
+samples = hvd.size() * args.batch_size * len(step_seconds)
+if hvd.rank() == 0:
+    print(json.dumps({"images_per_sec": samples / max(seconds), "world_size": hvd.size(),
+                      "timed_samples": samples, "timed_seconds": max(seconds),
+                      "images_per_sec_per_worker": [samples / hvd.size() / s for s in seconds],
+                      "step_time_p50_sec": float(np.median(step_seconds)),
+                      "mpi_settings": {k: v for k, v in os.environ.items() if k.startswith("OMPI_MCA_")}}),
+          flush=True)
