@@ -189,7 +189,9 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
         signals.restore()
 
     chief_process = running[chief.name]
-    stopped = failed is chief_process and failed.returncode == EXIT_PREEMPTED
+    # stopped by a signal: the chief saved (75), or had nowhere to (3, after a signal only); it said so
+    stopped = failed is chief_process and (failed.returncode == EXIT_PREEMPTED or
+                                           bool(signals.deadline) and failed.returncode == EXIT_STOPPED)
     if failed is not None and not stopped:
         where = f" on {failed.host}" if args.hostfile else ""
         sys.stderr.write(f"{PROG} launch: {failed.name}{where} {failed.describe_exit()}; stopped every "
@@ -198,7 +200,7 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
             return EXIT_STOPPED
         code = chief_process.returncode
         return code if code is not None and code > 0 else 1
-    if chief_process.returncode not in (0, EXIT_PREEMPTED):
+    if chief_process.returncode not in (0, EXIT_PREEMPTED) and not stopped:
         return chief_process.returncode
     if output.summary is None:
         raise UsageError("the chief finished but printed no summary")
@@ -207,7 +209,7 @@ def run_tasks(args, argv, tasks, cluster_words, chief, console, address_list, ne
         "num_ps": args.num_ps, "num_workers": args.num_workers, "hostfile": args.hostfile,
         "ps_hosts": address_list("ps").split(","), "worker_hosts": address_list("worker").split(",")})
     console.finish(summary, args.summary_json)
-    return EXIT_PREEMPTED if stopped else 0
+    return chief_process.returncode if stopped else 0
 
 
 class TaskOutput:

@@ -9,15 +9,17 @@ only how the workers meet and agree differs. Lines that distribution adds
 are marked `# TF:`. The workers find each other through TF_CONFIG, set by
 the user as TF's documentation does it, or made here from mpirun's ranks.
 """
+import contextlib
 import json
 import os
 import pickle
 import socket
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from ringtrain.common.errors import UsageError
+from ringtrain.common.errors import Preempted, UsageError
 from ringtrain.multihost import launched
 from ringtrain.synchronous import SynchronousMode
 from ringtrain.workloads import loop
@@ -107,8 +109,38 @@ def train(config, collective, cluster, dataset):
     from ringtrain.workloads.gradients import LossScale
     loss_scale = LossScale(tf) if config.model.loss_scaled else None
     mode = CollectiveMode(tf, strategy, cluster, config, collective, dataset, model, optimizer, device, loss_scale)
-    loop.Training(config, dataset, mode).run()
+    with chief_leaves_first(rank, workers):
+        loop.Training(config, dataset, mode).run()
     return 0
+
+
+@contextlib.contextmanager
+def chief_leaves_first(rank, workers, timeout=120.0):
+    """TF's collectives pull each worker's part from its gRPC server: a worker
+    that left at once after the last collective (the end's gather, or the
+    broadcast after a signal) could close its server while the chief still
+    reads from it ("RecvBuf ... Socket closed" on the chief). So, once training
+    is done, the other workers leave when the chief's server is gone (its
+    process has ended), or after `timeout` seconds."""
+    try:
+        yield
+    except Preempted:
+        _wait_for_the_chief(rank, workers, timeout)
+        raise
+    _wait_for_the_chief(rank, workers, timeout)
+
+
+def _wait_for_the_chief(rank, workers, timeout):
+    if rank == 0 or not workers:
+        return
+    host, port = workers[0].rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+        except OSError:
+            return  # (its server is gone)
+        time.sleep(0.1)
 
 
 class CollectiveMode(SynchronousMode):

@@ -19,7 +19,7 @@ SOLO_MODULE = '''"""`ringtrain --backend solo`: one process trains alone (a triv
 from ringtrain.workloads import loop
 from ringtrain.workloads.checkpoints import ObjectStore, Progress
 from ringtrain.workloads.mode import Alone, Identity, Mode, StepResult
-from ringtrain.workloads.sharding import steps_per_epoch
+from ringtrain.workloads.sharding import updates_per_epoch
 
 
 def main(config, args, dataset):
@@ -40,11 +40,13 @@ class Solo(Mode):
         self.config, self.dataset, self.model = config, dataset, model
         self.identity, self.agree = Identity("solo", "ringtrain", workers=1), Alone()
         self.store = ObjectStore(config.loop.keep_checkpoints, model=model, optimizer=optimizer)
-        self.steps_per_epoch = steps_per_epoch(len(dataset.train_labels), 1, config.data.batch_size)
+        self.steps_per_epoch = updates_per_epoch(dataset, 1, config.data.batch_size, config.data.accumulate)
         self.evaluate = metrics_of(model)
 
         @tf.function
         def train_step(images, labels, weights, global_count):
+            # (an update is K micro-batches of b: this mode trains on them as one batch)
+            images, labels, weights = (tf.reshape(t, [-1, *t.shape[2:]]) for t in (images, labels, weights))
             with tf.GradientTape() as tape:
                 loss_sum = models.weighted_loss_sum(model, images, labels, weights)
                 loss = loss_sum / global_count
@@ -59,8 +61,7 @@ class Solo(Mode):
     def batches(self, start):
         from ringtrain.workloads import pipeline
         c = self.config.data
-        return pipeline.batches_from(self.dataset, 0, 1, c.batch_size, c.seed, start.epoch,
-                                     start.batches_done(1, c.batch_size), c.threads)
+        return pipeline.batches_from(self.dataset, 0, 1, c, start.epoch, start.batches_done(1, c.per_update))
 
     def step(self, number, batch, straggler):
         return StepResult(*self.train_step(*batch))
