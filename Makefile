@@ -29,7 +29,7 @@ run: install
 # that measure time or CPU, by themselves.
 test:
 	TEST_TOOLS=1 bash scripts/install.sh
-	python -m pytest -n 2 --dist loadfile -m "not alone" tests
+	python -m pytest -n 3 --dist loadfile -m "not alone" tests
 	python -m pytest -m alone tests
 
 # The fast subset (no launcher, no training, no cluster): under a minute, for quick edits.

@@ -18,8 +18,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import plain_models  # (beside this script: the network, a keras.applications name or mnist_cnn)
+
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-p.add_argument("--model", default="ResNet50", help="a keras.applications name")
+p.add_argument("--model", default="ResNet50", help="a keras.applications name, or mnist_cnn")
 p.add_argument("--image-shape", default="32x32x3", help="HxWxC")
 p.add_argument("--classes", type=int, default=10)
 p.add_argument("--batch-size", type=int, default=16, help="per rank")
@@ -34,10 +36,10 @@ hvd.init()
 tf.config.threading.set_intra_op_parallelism_threads(args.threads)
 tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
+
 shape = tuple(int(d) for d in args.image_shape.split("x"))
 keras.utils.set_random_seed(hvd.rank())
-model = getattr(keras.applications, args.model)(weights=None, input_shape=shape, classes=args.classes,
-                                                classifier_activation=None)
+model = plain_models.build(args.model, shape, args.classes)
 optimizer = keras.optimizers.SGD(args.lr)
 optimizer.build(model.trainable_variables)
 rng = np.random.default_rng(hvd.rank())

@@ -19,7 +19,7 @@ import socket
 import time
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-p.add_argument("--model", default="ResNet50", help="a keras.applications name")
+p.add_argument("--model", default="ResNet50", help="a keras.applications name, or mnist_cnn")
 p.add_argument("--image-shape", default="32x32x3", help="HxWxC")
 p.add_argument("--classes", type=int, default=10)
 p.add_argument("--batch-size", type=int, default=16, help="per worker")
@@ -50,6 +50,8 @@ import keras  # noqa: E402 (TF_CONFIG first: the strategy reads it)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import plain_models  # noqa: E402 (beside this script: the network, a keras.applications name or mnist_cnn)
+
 tf.config.threading.set_intra_op_parallelism_threads(args.threads)
 tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 # TF: the workers meet through TF_CONFIG; RING is TF's own two-pass ring.
@@ -58,12 +60,12 @@ strategy = tf.distribute.MultiWorkerMirroredStrategy(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING))
 rank, size = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
 
+
 shape = tuple(int(d) for d in args.image_shape.split("x"))
 keras.utils.set_random_seed(rank)
 with strategy.scope():
     # TF: variables mirrored on every worker, created alike.
-    model = getattr(keras.applications, args.model)(weights=None, input_shape=shape, classes=args.classes,
-                                                    classifier_activation=None)
+    model = plain_models.build(args.model, shape, args.classes)
     optimizer = keras.optimizers.SGD(args.lr)
     optimizer.build(model.trainable_variables)
 rng = np.random.default_rng(rank)

@@ -7,6 +7,7 @@ from ringtrain import modes
 from ringtrain.common import parsing
 from ringtrain.workloads import config, flags
 from ringtrain.common.errors import UsageError, launched_size, run_cli
+from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB
 from ringtrain.workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
 
 COMMUNICATIONS = ("RING", "AUTO", "NCCL")  # tf.distribute.experimental.CommunicationImplementation
@@ -50,13 +51,26 @@ def parser():
                    help="keep --lr as is instead of multiplying it by the worker count")
     b.add_argument("--warmup-epochs", type=parsing.non_negative_float, default=1.0, metavar="E",
                    help="ramp the lr from --lr to lr*N over E epochs (default 1; 0 disables)")
+    add_collective_flags(p)
+    add_horovod_flags(p)
+    return p
+
+
+def add_collective_flags(p):
     t = p.add_argument_group("TF's collective mode (--backend tf-collective)")
     t.add_argument("--communication", type=str.upper, choices=COMMUNICATIONS, metavar="IMPL",
                    help="RING (TF's ring: scatter-reduce then allgather; the default), AUTO (TF picks: NCCL on "
                         "GPUs) or NCCL")
+    t.add_argument("--bucket-mb", type=parsing.non_negative_float, metavar="MB",
+                   help="all-reduce the gradients in buckets of about MB, last layers first, each as soon as "
+                        "backprop has made it (TF's CommunicationOptions.bytes_per_pack; default "
+                        f"{DEFAULT_BUCKET_MB:g}); 0: one packed all-reduce once backprop is done (TF's own default)")
     t.add_argument("--port-base", type=parsing.positive_int, metavar="PORT",
                    help=f"under srun without MPI: each worker serves on PORT plus its place on its node (default "
                         f"{DEFAULT_PORT_BASE}); under mpirun free ports are chosen and shared; TF_CONFIG names its own")
+
+
+def add_horovod_flags(p):
     r = p.add_argument_group("Horovod (--backend horovod, the default)")
     r.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16")
     r.add_argument("--adasum", action="store_true", help="combine gradients with Adasum")
@@ -71,9 +85,11 @@ def parser():
     r.add_argument("--timeline", "--horovod-timeline", metavar="FILE",
                    help="write a Horovod timeline (chrome://tracing); under horovodrun, which "
                         "claims --timeline itself, spell it --horovod-timeline")
-    r.add_argument("--mpi-allreduce", choices=sorted(MPI_ALLREDUCE_ALGORITHMS) + ["default"], metavar="ALG", help="OpenMPI's allreduce algorithm for the gradients: ring (default: "
-                   "scatter-reduce then allgather, as the classic tutorials describe it), rabenseifner, recursive_doubling, "
-                   "segmented_ring, ..., or default (OpenMPI picks by size and ranks); not used under Gloo")
+    r.add_argument("--mpi-allreduce", choices=sorted(MPI_ALLREDUCE_ALGORITHMS) + ["default"], metavar="ALG",
+                   help="OpenMPI's allreduce algorithm for the gradients: ring (default: scatter-reduce then "
+                        "allgather, as the classic distributed-TensorFlow tutorials describe it), rabenseifner, "
+                        "recursive_doubling, segmented_ring, ..., or default (OpenMPI picks by size and ranks); "
+                        "not used under Gloo")
     r.add_argument("--mpi-busy-wait", action="store_true",
                    help="let OpenMPI spin while waiting (its default); ringtrain otherwise sets "
                         "OMPI_MCA_mpi_yield_when_idle=1, which is faster when ranks share cores")
@@ -86,12 +102,11 @@ def parser():
     r.add_argument("--no-allreduce", action="store_true",
                    help="measurement only: skip the gradient allreduce, so ranks diverge "
                         "(Horovod's background thread still coordinates every cycle)")
-    return p
 
 
 # Horovod's own flags: what TF's collective mode has no counterpart for, with why.
 HOROVOD_ONLY = {"fp16_allreduce": "Horovod's gradient compression", "adasum": "Horovod's Adasum",
-                "fusion_threshold_mb": "Horovod's fusion buffer (TF packs every gradient into one all-reduce)",
+                "fusion_threshold_mb": "Horovod's fusion buffer (TF's collective mode has --bucket-mb)",
                 "cycle_time_ms": "Horovod's background cycle", "horovod_loop": "Horovod's background thread",
                 "timeline": "Horovod's timeline", "mpi_allreduce": "OpenMPI's algorithm (TF runs its own ring)",
                 "mpi_busy_wait": "OpenMPI's waiting", "no_allreduce": "Horovod's measurement switch",
@@ -104,9 +119,12 @@ def check_backend(args):
         for dest, what in HOROVOD_ONLY.items():
             if getattr(args, dest) not in (None, False):
                 raise UsageError(f"--{dest.replace('_', '-')} is {what}: drop it with --backend tf-collective")
-    elif args.communication or args.port_base:
-        raise UsageError(f"--{'communication' if args.communication else 'port-base'} is for TF's collective mode: "
-                         "it needs --backend tf-collective")
+    else:
+        for dest in ("communication", "port_base", "bucket_mb"):
+            if getattr(args, dest) is not None:
+                raise UsageError(f"--{dest.replace('_', '-')} is for TF's collective mode: it needs --backend "
+                                 "tf-collective" + (" (Horovod fuses with --fusion-threshold-mb)"
+                                                    if dest == "bucket_mb" else ""))
 
 
 def validate(args):

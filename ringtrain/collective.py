@@ -22,6 +22,7 @@ import numpy as np
 from ringtrain.common.errors import Preempted, UsageError
 from ringtrain.multihost import launched
 from ringtrain.synchronous import SynchronousMode
+from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB
 from ringtrain.workloads import loop
 from ringtrain.workloads.mode import Agreement, Topology
 from ringtrain.workloads.straggler import check as check_straggler
@@ -43,10 +44,12 @@ class CollectiveConfig:
     communication: str = "RING"
     lr_scaling: bool = True
     warmup_epochs: float = 1.0
+    bucket_mb: float = DEFAULT_BUCKET_MB
 
 
 def collective_config(args):
-    return CollectiveConfig(args.communication or "RING", not args.no_lr_scaling, args.warmup_epochs)
+    return CollectiveConfig(args.communication or "RING", not args.no_lr_scaling, args.warmup_epochs,
+                            DEFAULT_BUCKET_MB if args.bucket_mb is None else args.bucket_mb)
 
 
 def cluster(port_base):
@@ -148,10 +151,10 @@ class CollectiveMode(SynchronousMode):
 
     def __init__(self, tf, strategy, cluster, config, collective, dataset, model, optimizer, device, loss_scale=None):
         rank, workers = cluster
-        self.tf, self.communication = tf, collective.communication
+        self.tf, self.communication, self.bucket_mb = tf, collective.communication, collective.bucket_mb
         agree = CollectiveAgreement(tf, strategy, rank, max(len(workers), 1))
         train_step = make_train_step(tf, strategy, model, optimizer, config.model.statistics_to_average(model),
-                                     loss_scale)
+                                     loss_scale, bucket_bytes=int(collective.bucket_mb * 2**20))
         super().__init__(config, dataset, model, optimizer, agree, train_step,
                          dict(name="tf-collective", prog="ringtrain", device=device), schedule=collective,
                          loss_scale=loss_scale)
@@ -159,7 +162,7 @@ class CollectiveMode(SynchronousMode):
                                  servers=tuple((f"worker {r}", a) for r, a in enumerate(workers) if r != rank))
 
     def summary_fields(self, reports):
-        return dict(super().summary_fields(reports), controller="tf",
+        return dict(super().summary_fields(reports), controller="tf", bucket_mb=self.bucket_mb,
                     allreduce_algorithm=implementation_in_effect(self.tf, self.communication))
 
 
@@ -170,8 +173,9 @@ def connect(tf, communication="RING"):
         communication_options=tf.distribute.experimental.CommunicationOptions(implementation=communication))
 
 
-def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=None):
-    from ringtrain.workloads.gradients import accumulated, apply_if_finite, rescaled
+def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=None, bucket_bytes=0):
+    from ringtrain.workloads.gradients import accumulated, all_reduce_in_buckets, already_summed, apply_if_finite, \
+        rescaled
     from ringtrain.workloads.tfenv import step_function
 
     def average_statistics():
@@ -186,10 +190,11 @@ def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=No
         # gradients is exactly the global batch's gradient (K micro-batches summed first).
         loss_sum, samples, grads = accumulated(tf, model, (images, labels, weights, global_count), global_count,
                                                loss_scale, after_forward=average_statistics if statistics else None)
-        # TF: the optimizer all-reduces the gradients (SUM, every gradient packed into one
-        # collective) and applies the sum on every worker alike; the workers first agree
-        # whether it is finite, so that all of them apply it, or skip it, together.
-        applied = apply_if_finite(optimizer, grads, model.trainable_variables, agree=True)
+        # TF: the gradients all-reduced (SUM) in buckets, last layers first, each as soon as
+        # backprop has made it; every worker then holds the same sum, so all of them apply
+        # it, or skip it where it is not finite, together.
+        summed = all_reduce_in_buckets(tf, grads, bucket_bytes)
+        applied = apply_if_finite(already_summed(optimizer), summed, model.trainable_variables)
         moved, overflow = rescaled(tf, loss_scale, applied, loss_sum)
         with tf.control_dependencies([moved]):
             return loss_sum, samples, tf.identity(applied), tf.identity(overflow)

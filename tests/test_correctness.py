@@ -3,7 +3,10 @@ batch b end with identical weights (bit for bit) that equal one process
 trained on batch 2b, to float tolerance. One run per launcher proves both,
 on this machine and across simulated hosts, for Horovod (MPI and Gloo) and
 for TensorFlow's collective mode; two of them as 2 micro-batches of b/2 per
-update (--accumulate 2), Horovod's and TF's."""
+update (--accumulate 2), Horovod's and TF's. TF's collective mode runs once
+with its gradients in one packed all-reduce (--bucket-mb 0, TF's own
+default) and once in several buckets (mnist_mlp's 2.6 MB in 0.25 MB ones):
+both equal the one process, so the buckets change no weight."""
 import json
 import os
 
@@ -18,6 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 DETERMINISTIC = ["--model", "mnist_mlp", "--optimizer", "sgd", "--lr", "0.05", "--no-lr-scaling",
                  "--warmup-epochs", "0", "--no-dropout", "--log-every", "1000", "--steps", "8", *ONE_THREAD]
 COLLECTIVE = ["--backend", "tf-collective"]
+PACKED, BUCKETED = ["--bucket-mb", "0"], ["--bucket-mb", "0.25"]
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +40,11 @@ def on_this_machine(launcher, dump, tmp_path):
     batch = ["--batch-size", "8", "--accumulate", "2"] if launcher in ACCUMULATED else ["--batch-size", "16"]
     args = [*DETERMINISTIC, *batch, "--dump-weights", dump]
     if launcher == "tf-collective-tf-config":
-        return tf_config_workers(args, tmp_path)
+        return tf_config_workers([*args, *PACKED], tmp_path)
     cmd = {"horovodrun": lambda: horovodrun(2, *args),
            "horovodrun-gloo": lambda: horovodrun(2, *args, gloo=True),
            "mpirun": lambda: mpirun(2, *args),
-           "tf-collective-mpirun": lambda: mpirun(2, *args, *COLLECTIVE)}[launcher]()
+           "tf-collective-mpirun": lambda: mpirun(2, *args, *COLLECTIVE, *BUCKETED)}[launcher]()
     run_ok(cmd, timeout=240)
 
 
@@ -74,7 +78,7 @@ def test_across_hosts_too(cluster, launcher, tmp_path, one_process_on_the_global
     hosts.write_text("h1 slots=1\nh2 slots=1\n")
     ringtrain = os.path.join(BIN, "ringtrain")
     start = {"mpirun-hostfile": ["mpirun", "--hostfile", str(hosts), ringtrain],
-             "tf-collective-mpirun": ["mpirun", "--hostfile", str(hosts), ringtrain, *COLLECTIVE],
+             "tf-collective-mpirun": ["mpirun", "--hostfile", str(hosts), ringtrain, *COLLECTIVE, *BUCKETED],
              "horovodrun": [os.path.join(BIN, "horovodrun"), "-H", "h1:1,h2:1", ringtrain],
              "horovodrun-gloo": [os.path.join(BIN, "horovodrun"), "--gloo", "-H", "h1:1,h2:1", ringtrain]}[launcher]
     dump, summary = str(tmp_path / "w-{rank}.npz"), tmp_path / "s.json"

@@ -113,7 +113,7 @@ def test_parity_runs_ringtrain_and_the_plain_horovod_script_side_by_side(tmp_pat
     """`ringtrain-bench parity`, one tiny round: all under mpirun -np 2 on the
     same network, the plain script with ringtrain's OpenMPI settings and with
     OpenMPI's defaults; their images/s and the ratios in the report."""
-    out = run_ok([*BENCH, "parity", "--model", "keras:MobileNetV3Small", "--batch-size", "4", "--steps", "4",
+    out = run_ok([*BENCH, "parity", "--model", "mnist_cnn", "--batch-size", "4", "--steps", "4",
                   "--warmup-steps", "1", "--rounds", "1", "--out", str(tmp_path)], timeout=360)
     result = json.loads((tmp_path / "parity.json").read_text())
     [row] = result["rows"]
@@ -127,8 +127,25 @@ def test_parity_runs_ringtrain_and_the_plain_horovod_script_side_by_side(tmp_pat
     assert settings["plain"]["OMPI_MCA_mpi_yield_when_idle"] == "1"
     assert "OMPI_MCA_mpi_yield_when_idle" not in settings["plain-ompi-defaults"]
     ours = json.loads((tmp_path / "runs" / "ringtrain-r1.json").read_text())
-    assert ours["model"] == "keras:MobileNetV3Small" and ours["world_size"] == 2 and ours["timed_samples"] == 2 * 4 * 3
+    assert ours["model"] == "mnist_cnn" and ours["world_size"] == 2 and ours["timed_samples"] == 2 * 4 * 3
     assert "ringtrain ÷ plain" in out and "ringtrain ÷ plain" in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_parity_runs_tf_collective_mode_against_the_plain_mwms_script(tmp_path):
+    """`ringtrain-bench parity --recipe tf-collective`, one tiny round on mnist_cnn: both under
+    mpirun -np 2, each worker's timed samples counted, the ratio in the report."""
+    out = run_ok([*BENCH, "parity", "--recipe", "tf-collective", "--model", "mnist_cnn", "--batch-size", "8",
+                  "--steps", "4", "--warmup-steps", "1", "--rounds", "1", "--out", str(tmp_path)], timeout=240)
+    [row] = json.loads((tmp_path / "parity.json").read_text())["rows"]
+    assert row["ratio"] == pytest.approx(row["tf_collective_images_per_sec"] / row["plain_images_per_sec"])
+    plain = json.loads([line for line in (tmp_path / "runs" / "plain-mwms-r1.log").read_text().splitlines()
+                        if line.startswith("{")][-1])
+    ours = json.loads((tmp_path / "runs" / "tf-collective-r1.json").read_text())
+    assert plain["world_size"] == ours["world_size"] == 2 and plain["timed_samples"] == ours["timed_samples"] == 2 * 8 * 3
+    assert ours["mode"] == "tf-collective" and ours["model"] == "mnist_cnn"
+    assert "ringtrain ÷ plain MWMS" in out
 
 
 @pytest.mark.slow

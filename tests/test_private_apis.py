@@ -1,6 +1,6 @@
-"""The one private TensorFlow API ringtrain uses, checked against the TF
-installed: if TF changes it, this says what broke and where, instead of a PS
-run failing half-way."""
+"""The private TensorFlow and Keras APIs ringtrain uses, checked against the
+versions installed: if one changes, this says what broke and where, instead
+of a run failing half-way (or, worse, all-reducing its gradients twice)."""
 import pytest
 
 
@@ -21,3 +21,13 @@ def test_sync_replicas_optimizer_still_counts_its_pending_gradients():
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             assert sess.run(pending) == 0  # nothing pushed yet
+
+
+def test_keras_still_all_reduces_the_gradients_through_the_hook_tf_collective_mode_replaces():
+    """TF collective mode all-reduces the gradients itself, in buckets as backprop
+    makes them, and has Keras apply the sum as it is (gradients.already_summed)."""
+    import inspect
+
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+    assert "self._all_reduce_sum_gradients(" in inspect.getsource(TFOptimizer._backend_update_step), \
+        "Keras's TF optimizer no longer all-reduces through _all_reduce_sum_gradients: see gradients.already_summed"

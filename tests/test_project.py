@@ -47,6 +47,18 @@ def test_ring_hides_behind_backprop_all_but_the_gradients_backprop_makes_last():
         assert one["step_ms"] == pytest.approx((C + whole) * 1e3) and one["hidden_pct"] == pytest.approx(0)
 
 
+def test_tfs_ring_hides_its_buckets_behind_backprop_but_the_last_one():
+    n = 8
+    half = 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * S / 2 * BETA
+    # buckets smaller than a layer: one a layer, the last layer's sent while backprop makes the first's
+    r = rows(dict(cfg([n], layers=(S / 2, S / 2)), bucket_mb=1))[("tf-collective", n, None)]
+    assert r["allreduces"] == 2 and r["step_ms"] == pytest.approx((C + half) * 1e3)
+    # 0: one all-reduce of everything once backprop is done: nothing hides
+    whole = 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * S * BETA
+    r = rows(dict(cfg([n], layers=(S / 2, S / 2)), bucket_mb=0))[("tf-collective", n, None)]
+    assert r["allreduces"] == 1 and r["step_ms"] == pytest.approx((C + whole) * 1e3)
+
+
 def test_hosts_of_several_gpus_pay_a_ring_inside_and_a_ring_across_or_one_ring_at_the_links_pace():
     r = rows(cfg([32], per_host=4, hierarchical=True))[("ring", 32, None)]
     inside = 2 * 3 * 1e-6 + 2 * 3 / 4 * S * 8 / 80e9
@@ -93,7 +105,7 @@ def test_the_command_writes_its_tables_plot_and_page(tmp_path):
                   "--np", "8,128", "--placement", "partitioned", "--out", str(tmp_path)], timeout=120)
     assert "What the projection assumes" in out and "contention in the switches" in out
     result = json.loads((tmp_path / "project.json").read_text())
-    assert len(result["rows"]) == 2 * 2 * 4  # 2 rates x 2 N x (ring, P = 1, N/4, N)
+    assert len(result["rows"]) == 2 * 2 * 5  # 2 rates x 2 N x (ring, TF's ring, P = 1, N/4, N)
     ring = {(r["link_rate"], r["gpus"]): r["efficiency"] for r in result["rows"] if r["mode"] == "ring"}
     assert ring[("100gbit", 128)] > ring[("25gbit", 128)]  # faster links hide more
     assert result["inputs"]["gradient_bytes"] == 4 * 138_357_544

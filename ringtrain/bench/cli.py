@@ -11,6 +11,7 @@ from ringtrain.bench.publish import publish
 from ringtrain.common.errors import UsageError, run_cli
 from ringtrain.common.parsing import add_version, finite_float, non_negative_float, non_negative_int, positive_float, positive_int
 from ringtrain.workloads.flags import DEFAULT_MODEL, OneLineParser, image_shape, model_name, simulated_accelerator
+from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB
 from ringtrain.workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS, knob_env
 from ringtrain.workloads.outputs import check_outputs
 
@@ -35,6 +36,7 @@ EXAMPLES = """examples:
   ringtrain-bench scaling --cluster 4 --simulate-gpu r50.json --np 1,2,4 --out r
   ringtrain-bench parity --model keras:ResNet50 --np 2 --rounds 3 --out r   # against a plain Horovod script
   ringtrain-bench parity --recipe keras-fit --model keras:ResNet50 --rounds 3 --out r   # Keras fit against the tape
+  ringtrain-bench parity --recipe tf-collective --model keras:ResNet50 --rounds 3 --out r   # against plain MWMS
 
   the input pipeline alone (img/s per core), and training from TFRecords against memory, side by side:
   ringtrain-bench pipeline --data synthetic --data tfrecords:synthetic --train 1,2 --out r
@@ -166,6 +168,8 @@ def add_scaling_flags(p, modes_default):
                         f"replication), towers (one process, a tower per device; one machine only), "
                         f"ps-async, independent (N single-rank trainers at once, nothing exchanged: "
                         f"the machine's ceiling; on one machine only) (default {modes_default})")
+    g.add_argument("--bucket-mb", type=non_negative_float, metavar="MB",
+                   help=f"TF collective rows: ringtrain --bucket-mb (default: its own, {DEFAULT_BUCKET_MB:g} MB)")
     g.add_argument("--data", default="synthetic", metavar="SOURCE",
                    help="the trainers' --data: a glob of TFRecords, a folder, package.module:function, mnist, "
                         "cifar10 or synthetic (default %(default)s)")
@@ -251,11 +255,11 @@ def check_timed_steps(args):
 
 
 def keras_application(text):
-    """parity's --model: the plain script builds keras.applications networks only."""
+    """parity's --model: the plain scripts build keras.applications networks, and mnist_cnn."""
     from ringtrain.workloads.user_models import KERAS_PREFIX
-    if not text.startswith(KERAS_PREFIX) or not text[len(KERAS_PREFIX):].isidentifier():
-        raise argparse.ArgumentTypeError(f"{text!r}: the plain Horovod script builds keras.applications "
-                                         "networks: give keras:NAME, e.g. keras:ResNet50")
+    if text != "mnist_cnn" and (not text.startswith(KERAS_PREFIX) or not text[len(KERAS_PREFIX):].isidentifier()):
+        raise argparse.ArgumentTypeError(f"{text!r}: the plain scripts build keras.applications networks and "
+                                         "mnist_cnn: give keras:NAME, e.g. keras:ResNet50, or mnist_cnn")
     return text
 
 
@@ -374,6 +378,9 @@ def project_command(sub, common):
     pj.add_argument("--hierarchical", action="store_true",
                     help="the ring reduces inside each host first, then across hosts, as "
                          "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (default: Horovod's default, NCCL's ring through all GPUs)")
+    pj.add_argument("--bucket-mb", type=non_negative_float, default=DEFAULT_BUCKET_MB, metavar="MB",
+                    help="TF's ring's gradient buckets, as ringtrain --backend tf-collective --bucket-mb (default "
+                         "%(default)s; 0: one all-reduce after backprop)")
     pj.add_argument("--fit-at", type=positive_int, metavar="N",
                     help="with --alpha-beta: the ring's α and β as fitted at N ranks (default: over every N)")
     pj.add_argument("--latency-us", type=positive_float, default=10.0, metavar="US",
@@ -390,14 +397,16 @@ def parity_command(sub, common):
     pa = sub.add_parser("parity", help="ringtrain against a plain Horovod script (examples/plain_horovod.py) "
                         "on the same Keras Applications network, batch and threads (the script with ringtrain's "
                         "OpenMPI settings and with OpenMPI's defaults), in rotating rounds", **common)
-    pa.add_argument("--recipe", choices=("ringtrain", "keras-fit"), default="ringtrain",
-                    help="what runs against the plain GradientTape script: ringtrain (default), or Horovod's "
-                         "Keras recipe, model.fit with hvd.DistributedOptimizer (keras-fit)")
+    pa.add_argument("--recipe", choices=("ringtrain", "keras-fit", "tf-collective"), default="ringtrain",
+                    help="ringtrain (default) or Horovod's Keras recipe, model.fit with hvd.DistributedOptimizer "
+                         "(keras-fit), against the plain Horovod GradientTape script; or ringtrain --backend "
+                         "tf-collective against a plain MultiWorkerMirroredStrategy script, examples/plain_mwms.py "
+                         "(tf-collective)")
     pa.add_argument("--model", default="keras:ResNet50", type=keras_application, metavar="keras:NAME",
                     help="a keras.applications network (default %(default)s)")
     pa.add_argument("--np", type=positive_int, default=2, metavar="N", help="ranks, under mpirun (default 2)")
-    pa.add_argument("--image-shape", type=image_shape, default=(32, 32, 3), metavar="HxWxC",
-                    help="random images of this shape (default 32x32x3)")
+    pa.add_argument("--image-shape", type=image_shape, metavar="HxWxC",
+                    help="random images of this shape (default 32x32x3; mnist_cnn's 28x28x1)")
     pa.add_argument("--batch-size", type=positive_int, default=16, metavar="B", help="per rank (default 16)")
     pa.add_argument("--steps", type=positive_int, default=30, help="per run, the warm-up included (default 30)")
     pa.add_argument("--warmup-steps", type=non_negative_int, default=5, metavar="K",
@@ -573,7 +582,7 @@ def scaling_config(args):
             "threads": args.threads, "timeout": args.timeout,
             "optimizer": args.optimizer, "simulate_gpu_ms": args.simulate_gpu,
             "cycle_time_ms": args.cycle_time_ms, "fusion_threshold_mb": args.fusion_threshold_mb,
-            "alpha_beta_json": args.alpha_beta or os.path.join(args.out, "allreduce.json")}
+            "bucket_mb": args.bucket_mb, "alpha_beta_json": args.alpha_beta or os.path.join(args.out, "allreduce.json")}
 
 
 def tradeoff_config(args):
@@ -635,7 +644,8 @@ def run_allreduce(args, np_list, log):
 def run_parity(args, log):
     from ringtrain.bench import parity
     check_timed_steps(args)
-    cfg = {"model": args.model, "np": args.np, "image_shape": list(args.image_shape), "batch_size": args.batch_size,
+    shape = args.image_shape or ((28, 28, 1) if args.model == "mnist_cnn" else (32, 32, 3))
+    cfg = {"model": args.model, "np": args.np, "image_shape": list(shape), "batch_size": args.batch_size,
            "steps": args.steps, "warmup_steps": args.warmup_steps, "lr": args.lr, "rounds": args.rounds,
            "threads": args.threads, "timeout": args.timeout, "recipe": args.recipe}
     result = parity.run(cfg, args.out, log=log)
@@ -667,7 +677,7 @@ def run_project(args, log):
     layers = allreduce.gradient_layer_bytes(args.model)
     cfg = {"model": args.model, "tensor_bytes": [b for layer in layers for b in layer],
            "layer_bytes": [sum(layer) for layer in layers], "step_ms": step_ms, "placement": args.placement,
-           "hierarchical": args.hierarchical,
+           "hierarchical": args.hierarchical, "bucket_mb": args.bucket_mb,
            "step_source": "given (--step-ms)" if args.step_ms else "the catalog's published P100 step",
            "batch_size": args.batch_size, "np": args.np, "gpus_per_host": args.gpus_per_host, "links": links,
            "intra": project.link_fit(rate_bits_per_sec(args.intra_host_rate[0]), 1e-6),

@@ -12,14 +12,19 @@ gives its ratios; the report gives the median round's. All measure images/s
 the same way: every rank's timed samples over the slowest rank's timed
 seconds, the warm-up steps excluded.
 
-With `--recipe keras-fit` it prices Horovod's Keras recipe instead: the same
-network, batch and ranks trained by `model.fit` with hvd.DistributedOptimizer
-and Horovod's callbacks (examples/keras_synthetic_benchmark.py), against the
-plain GradientTape script, both with ringtrain's OpenMPI settings, alternating.
+Two recipes run a pair instead, alternating (Pair, PAIRS):
+- `--recipe keras-fit` prices Horovod's Keras recipe: the same network, batch
+  and ranks trained by `model.fit` with hvd.DistributedOptimizer and Horovod's
+  callbacks (examples/keras_synthetic_benchmark.py), against the plain
+  GradientTape script, both with ringtrain's OpenMPI settings;
+- `--recipe tf-collective` prices ringtrain's loop in TF's collective mode:
+  `ringtrain --backend tf-collective` against a plain MultiWorkerMirroredStrategy
+  custom loop written as TF's guide writes one (examples/plain_mwms.py).
 """
 import json
 import os
 import sys
+from dataclasses import dataclass
 
 from ringtrain.bench import launch, tables
 from ringtrain.bench.environment import describe, usable_cores
@@ -37,34 +42,78 @@ COLUMNS = [("round", "round"), ("plain", "plain Horovod img/s"), ("ringtrain", "
            ("ringtrain_step", "ringtrain step p50 ms")]
 CSV_KEYS = ["round", "plain_images_per_sec", "ringtrain_images_per_sec", "ratio",
             "plain_ompi_defaults_images_per_sec", "settings_ratio", "plain_step_p50_ms", "ringtrain_step_p50_ms"]
-# --recipe keras-fit
-KERAS_IMPLS = ("plain", "keras-fit")
-KERAS_COLUMNS = [("round", "round"), ("plain", "GradientTape recipe img/s"), ("keras", "Keras fit recipe img/s"),
-                 ("ratio", "fit ÷ GradientTape"), ("plain_step", "GradientTape step p50 ms"),
-                 ("keras_step", "fit step p50 ms")]
-KERAS_CSV_KEYS = ["round", "plain_images_per_sec", "keras_fit_images_per_sec", "ratio", "plain_step_p50_ms",
-                  "keras_fit_step_p50_ms"]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A recipe of two implementations, a peer and ours, run in alternating rounds."""
+    peer: str        # the runs' tags
+    ours: str
+    peer_label: str  # in the table's headers
+    ours_label: str
+    ratio_label: str
+    key: str         # ours' fields: KEY_images_per_sec, KEY_step_p50_ms
+    title: str       # "{model}", "{np}", "{batch_size}" from the config
+    method: str
+
+    @property
+    def columns(self):
+        return [("round", "round"), ("plain", f"{self.peer_label} img/s"), ("ours", f"{self.ours_label} img/s"),
+                ("ratio", self.ratio_label), ("plain_step", f"{self.peer_label} step p50 ms"),
+                ("ours_step", f"{self.ours_label} step p50 ms")]
+
+    @property
+    def csv_keys(self):
+        return ["round", "plain_images_per_sec", f"{self.key}_images_per_sec", "ratio", "plain_step_p50_ms",
+                f"{self.key}_step_p50_ms"]
+
+
+PAIRS = {
+    "keras-fit": Pair(
+        "plain", "keras-fit", "GradientTape recipe", "Keras fit recipe", "fit ÷ GradientTape", "keras_fit",
+        "Horovod's Keras fit recipe against its GradientTape recipe: {model}, {np} ranks x batch {batch_size}, "
+        "on this machine",
+        "GradientTape: examples/plain_horovod.py; fit: examples/keras_synthetic_benchmark.py (model.fit, "
+        "hvd.DistributedOptimizer, the broadcast and metric-average callbacks, epochs of 10 steps). Both with the "
+        "OpenMPI settings ringtrain sets for itself"),
+    "tf-collective": Pair(
+        "plain-mwms", "tf-collective", "plain MWMS script", "ringtrain tf-collective", "ringtrain ÷ plain MWMS",
+        "tf_collective",
+        "ringtrain's TF collective mode against a plain MultiWorkerMirroredStrategy script: {model}, {np} workers "
+        "x batch {batch_size}, on this machine",
+        "The plain script: examples/plain_mwms.py (TF's guide's custom loop: strategy.run, the optimizer's own "
+        "all-reduce after backprop); ringtrain: --backend tf-collective with its defaults (its gradient buckets, "
+        "the loop's every feature). Both TF's RING"),
+}
+# (the keras-fit pair's, by their old names)
+KERAS_COLUMNS, KERAS_CSV_KEYS = PAIRS["keras-fit"].columns, PAIRS["keras-fit"].csv_keys
+PLAIN_MWMS_SCRIPT = os.path.join(launch.REPO, "examples", "plain_mwms.py")
 
 
 def commands(cfg, summary_path):
     """{impl: (its mpirun command, its environment)}, one rank per process, not bound to cores."""
-    app = cfg["model"].split(":", 1)[1]
+    app = cfg["model"].split(":", 1)[-1]  # (keras:NAME's NAME, or mnist_cnn)
     height, width, channels = cfg["image_shape"]
     shared = ["--batch-size", str(cfg["batch_size"]), "--steps", str(cfg["steps"]),
               "--warmup-steps", str(cfg["warmup_steps"]), "--lr", f"{cfg['lr']:g}", "--threads", str(cfg["threads"])]
     plain = [sys.executable, PLAIN_SCRIPT, "--model", app, "--image-shape", f"{height}x{width}x{channels}",
              *shared]
+    names = sorted(RINGTRAINS_MPI)
     if cfg.get("recipe") == "keras-fit":
         fit_script = [sys.executable, KERAS_FIT_SCRIPT, "--model", app, "--image-shape",
-                     f"{height}x{width}x{channels}", *shared]
-        names = sorted(RINGTRAINS_MPI)
+                      f"{height}x{width}x{channels}", *shared]
         return {"plain": (launch.mpirun(cfg["np"], plain, usable_cores(), env_names=names), RINGTRAINS_MPI),
                 "keras-fit": (launch.mpirun(cfg["np"], fit_script, usable_cores(), env_names=names), RINGTRAINS_MPI)}
     ours = [launch.tool("ringtrain"), "--model", cfg["model"], "--data", "synthetic",
             "--image-shape", f"{height}x{width}x{channels}", "--optimizer", "sgd", "--no-lr-scaling",
             "--warmup-epochs", "0", "--log-every", str(cfg["steps"]), "--summary-json", summary_path, *shared]
-    return {"plain": (launch.mpirun(cfg["np"], plain, usable_cores(), env_names=sorted(RINGTRAINS_MPI)),
-                      RINGTRAINS_MPI),
+    if cfg.get("recipe") == "tf-collective":  # (mpirun only starts the workers: TF's gRPC carries the ring)
+        mwms = [sys.executable, PLAIN_MWMS_SCRIPT, "--model", app, "--image-shape", f"{height}x{width}x{channels}",
+                *shared]
+        return {"plain-mwms": (launch.mpirun(cfg["np"], mwms, usable_cores()), {}),
+                "tf-collective": (launch.mpirun(cfg["np"], [*ours, "--backend", "tf-collective"], usable_cores()),
+                                  {})}
+    return {"plain": (launch.mpirun(cfg["np"], plain, usable_cores(), env_names=names), RINGTRAINS_MPI),
             "plain-ompi-defaults": (launch.mpirun(cfg["np"], plain, usable_cores()), {}),
             "ringtrain": (launch.mpirun(cfg["np"], ours, usable_cores()), {})}
 
@@ -73,8 +122,8 @@ def run(cfg, out_dir, log=print):
     runs_dir = os.path.join(out_dir, "runs")
     os.makedirs(runs_dir, exist_ok=True)
     environment = describe(threads_per_worker=cfg["threads"], hostfile=None)
-    fit_recipe = cfg.get("recipe") == "keras-fit"
-    impls = KERAS_IMPLS if fit_recipe else IMPLS
+    pair = PAIRS.get(cfg.get("recipe"))
+    impls = (pair.peer, pair.ours) if pair else IMPLS
     rows = []
     for round_ in range(1, cfg["rounds"] + 1):
         measured = {}
@@ -85,13 +134,13 @@ def run(cfg, out_dir, log=print):
             log(f"ringtrain-bench: {tag}: {' '.join(os.path.basename(c) if i < 1 else c for i, c in enumerate(cmd))}")
             code = launch.run(cmd, log_path, cfg["timeout"], env=env)
             measured[impl] = _summary(impl, summary_path, log_path, code, tag)
-        if fit_recipe:
-            plain, fit = measured["plain"], measured["keras-fit"]
+        if pair:
+            plain, ours = measured[pair.peer], measured[pair.ours]
             rows.append({"round": round_, "plain_images_per_sec": plain["images_per_sec"],
-                         "keras_fit_images_per_sec": fit["images_per_sec"],
-                         "ratio": fit["images_per_sec"] / plain["images_per_sec"],
+                         f"{pair.key}_images_per_sec": ours["images_per_sec"],
+                         "ratio": ours["images_per_sec"] / plain["images_per_sec"],
                          "plain_step_p50_ms": 1000 * plain["step_time_p50_sec"],
-                         "keras_fit_step_p50_ms": 1000 * fit["step_time_p50_sec"]})
+                         f"{pair.key}_step_p50_ms": 1000 * _slowest_rank_step(ours)})
             continue
         plain, defaults, ours = (measured[impl] for impl in IMPLS)
         rows.append({"round": round_, "plain_images_per_sec": plain["images_per_sec"],
@@ -103,7 +152,7 @@ def run(cfg, out_dir, log=print):
                      "ringtrain_step_p50_ms": 1000 * _slowest_rank_step(ours)})
     result = {"config": cfg, "environment": environment, "rows": rows,
               "median_ratio": median([r["ratio"] for r in rows])}
-    if not fit_recipe:
+    if not pair:
         result["median_settings_ratio"] = median([r["settings_ratio"] for r in rows])
     result["environment"]["load_average_at_end"] = list(os.getloadavg())
     write(result, out_dir)
@@ -113,23 +162,25 @@ def run(cfg, out_dir, log=print):
 def write(result, out_dir):
     from ringtrain.bench import plots
     plots.write_index(out_dir, "parity", [])  # no plot: a ratio a round
-    csv_keys = KERAS_CSV_KEYS if keras_fit(result) else CSV_KEYS
-    return tables.write_report(out_dir, "parity", markdown(result), csv_keys, result)
+    pair = pair_of(result)
+    return tables.write_report(out_dir, "parity", markdown(result), pair.csv_keys if pair else CSV_KEYS, result)
 
 
-def keras_fit(result):
-    return result["config"].get("recipe") == "keras-fit"
+def pair_of(result):
+    """The result's Pair, or None: ringtrain against the plain Horovod script."""
+    return PAIRS.get(result["config"].get("recipe"))
 
 
 def columns_of(result):
-    """(COLUMNS, MAIN_COLUMNS) of this result's table: --recipe keras-fit has its own."""
-    return (KERAS_COLUMNS, KERAS_MAIN_COLUMNS) if keras_fit(result) else (COLUMNS, MAIN_COLUMNS)
+    """(COLUMNS, MAIN_COLUMNS) of this result's table: a pair has its own."""
+    pair = pair_of(result)
+    return (pair.columns, PAIR_MAIN_COLUMNS) if pair else (COLUMNS, MAIN_COLUMNS)
 
 
 def _summary(impl, summary_path, log_path, code, tag):
     if code != 0:
         raise RuntimeError(f"{tag} failed (exit {code}); last lines of {log_path}:\n{launch.tail(log_path)}")
-    if impl == "ringtrain":
+    if impl in ("ringtrain", "tf-collective"):
         with open(summary_path) as f:
             return json.load(f)
     with open(log_path, errors="replace") as f:  # the plain script prints its one JSON line
@@ -146,43 +197,41 @@ def _slowest_rank_step(summary):
 
 
 MAIN_COLUMNS = ["round", "plain", "ringtrain", "ratio", "defaults", "settings", "plain_step", "ringtrain_step"]
-KERAS_MAIN_COLUMNS = ["round", "plain", "keras", "ratio", "plain_step", "keras_step"]
+PAIR_MAIN_COLUMNS = ["round", "plain", "ours", "ratio", "plain_step", "ours_step"]
 
 
 def title(result):
-    cfg = result["config"]
-    if keras_fit(result):
-        return (f"Horovod's Keras fit recipe against its GradientTape recipe: {cfg['model']}, {cfg['np']} ranks x "
-                f"batch {cfg['batch_size']}, on this machine")
+    cfg, pair = result["config"], pair_of(result)
+    if pair:
+        return pair.title.format(**cfg)
     return (f"ringtrain against a plain Horovod script: {cfg['model']}, {cfg['np']} ranks x batch "
             f"{cfg['batch_size']}, on this machine")
 
 
 def method(result):
-    cfg = result["config"]
+    cfg, pair = result["config"], pair_of(result)
     shape = "x".join(map(str, cfg["image_shape"]))
-    if keras_fit(result):
-        return (f"{shape} images, {cfg['threads']} TF thread(s) per rank. Both under mpirun with the OpenMPI settings "
-                f"ringtrain sets for itself ({', '.join(f'{k}={v}' for k, v in sorted(RINGTRAINS_MPI.items()))}), "
-                f"SGD, {cfg['steps']} steps of which {cfg['warmup_steps']} are warm-up, in {cfg['rounds']} round(s), "
-                f"the order alternating. GradientTape: examples/plain_horovod.py; fit: "
-                f"examples/keras_synthetic_benchmark.py (model.fit, hvd.DistributedOptimizer, the broadcast and "
-                f"metric-average callbacks, epochs of 10 steps). img/s: every rank's timed samples over the slowest "
-                f"rank's timed seconds. Columns: bench/COLUMNS.md.\n")
+    settings = ', '.join(f'{k}={v}' for k, v in sorted(RINGTRAINS_MPI.items()))
+    if pair:
+        return (f"{shape} images, {cfg['threads']} TF thread(s) per rank, under mpirun. {pair.method}"
+                + (f" ({settings})" if pair.peer == "plain" else "") + f". SGD, {cfg['steps']} steps of which "
+                f"{cfg['warmup_steps']} are warm-up, in {cfg['rounds']} round(s), the order alternating. img/s: "
+                f"every rank's timed samples over the slowest rank's timed seconds. Columns: bench/COLUMNS.md.\n")
     return (f"{shape} images, {cfg['threads']} TF thread(s) per rank. "
             f"All under mpirun, SGD, {cfg['steps']} steps of which {cfg['warmup_steps']} are warm-up, in "
             f"{cfg['rounds']} round(s), the order rotating. img/s: every rank's timed samples over the slowest "
             f"rank's timed seconds. The plain script is examples/plain_horovod.py, run with the OpenMPI settings "
-            f"ringtrain sets for itself ({', '.join(f'{k}={v}' for k, v in sorted(RINGTRAINS_MPI.items()))}), "
-            f"and again with OpenMPI's defaults. Columns: bench/COLUMNS.md.\n")
+            f"ringtrain sets for itself ({settings}), and again with OpenMPI's defaults. Columns: "
+            f"bench/COLUMNS.md.\n")
 
 
 def table_rows(result):
-    if keras_fit(result):
+    pair = pair_of(result)
+    if pair:
         return [{"round": r["round"], "plain": tables.fmt(r["plain_images_per_sec"], 1),
-                 "keras": tables.fmt(r["keras_fit_images_per_sec"], 1), "ratio": f"{r['ratio']:.3f}",
+                 "ours": tables.fmt(r[f"{pair.key}_images_per_sec"], 1), "ratio": f"{r['ratio']:.3f}",
                  "plain_step": tables.fmt(r["plain_step_p50_ms"], 0),
-                 "keras_step": tables.fmt(r["keras_fit_step_p50_ms"], 0)} for r in result["rows"]]
+                 "ours_step": tables.fmt(r[f"{pair.key}_step_p50_ms"], 0)} for r in result["rows"]]
     return [{"round": r["round"], "plain": tables.fmt(r["plain_images_per_sec"], 1),
              "ringtrain": tables.fmt(r["ringtrain_images_per_sec"], 1), "ratio": f"{r['ratio']:.3f}",
              "defaults": tables.fmt(r["plain_ompi_defaults_images_per_sec"], 1),
@@ -191,8 +240,9 @@ def table_rows(result):
 
 
 def notes(result):
-    if keras_fit(result):
-        return f"\nMedian round: fit ÷ GradientTape = {result['median_ratio']:.3f}.\n"
+    pair = pair_of(result)
+    if pair:
+        return f"\nMedian round: {pair.ratio_label} = {result['median_ratio']:.3f}.\n"
     return (f"\nMedian round: ringtrain ÷ plain = {result['median_ratio']:.3f}; plain with ringtrain's "
             f"OpenMPI settings ÷ plain with OpenMPI's defaults = {result['median_settings_ratio']:.3f}.\n")
 
@@ -205,9 +255,9 @@ def markdown(result):
 def finding_sentences(result):
     rounds = len(result["rows"])
     of = f"the median of {rounds} rounds" if rounds > 1 else "one round"
-    if keras_fit(result):
-        return [f"Horovod's Keras fit recipe trained at {result['median_ratio']:.3f}× its GradientTape recipe's "
-                f"img/s ({of})."]
+    pair = pair_of(result)
+    if pair:
+        return [f"{pair.ours_label} trained at {result['median_ratio']:.3f}× the {pair.peer_label}'s img/s ({of})."]
     return [f"ringtrain trained at {result['median_ratio']:.3f}× the plain Horovod script's img/s ({of}).",
             f"ringtrain's OpenMPI settings made the plain script {result['median_settings_ratio']:.3f}× as fast "
             f"as OpenMPI's defaults ({of})."]

@@ -24,6 +24,10 @@ ASSUMPTIONS = (
     "2(H-1)/H of them, with 2(G-1) + 2(H-1) latency steps. Horovod overlaps the allreduces with backprop: "
     "one runs at a time, each taking every gradient ready when it starts (tensor fusion), so what backprop "
     "makes last is sent after it ends. Horovod's cycle time, fusion threshold and negotiation are not counted.",
+    "TF's collective ring (MultiWorkerMirroredStrategy, ringtrain --backend tf-collective): a flat ring through "
+    "all N GPUs on the same links as Horovod's (TF's own transport, slower than OpenMPI's on the bench's "
+    "runs, is not counted), with the gradients, last layers first, in buckets of at least --bucket-mb: a "
+    "bucket's all-reduce starts once backprop has made its last gradient and the bucket before it is done.",
     "PS: P tasks spread over the workers' hosts in turn. They hold the model's variables as ps-baseline "
     "places them (--placement: greedy or round_robin place whole variables, so the largest one sets a floor; "
     "partitioned gives every task an even share). Every step, "
@@ -100,9 +104,14 @@ def project(cfg):
             base = {"model": cfg["model"], "link_rate": link["label"], "gpus": n,
                     "hosts": math.ceil(n / cfg["gpus_per_host"]), "compute_ms": compute * 1e3}
             allreduce = ring_allreduce(n, cfg["gpus_per_host"], link["ring"], cfg["intra"], cfg["hierarchical"])
-            ring = stats.backprop_exchange(stats.forward_and_backward(compute)[1], cfg["layer_bytes"], allreduce)
+            backward = stats.forward_and_backward(compute)[1]
+            ring = stats.backprop_exchange(backward, cfg["layer_bytes"], allreduce)
             rows.append(dict(row(base, "ring", None, compute + ring["exposed"], ring["exchange"], compute,
                                  cfg["batch_size"], n), allreduces=ring["allreduces"]))
+            flat = ring_allreduce(n, cfg["gpus_per_host"], link["ring"], cfg["intra"], hierarchical=False)
+            tf = stats.bucketed_exchange(backward, cfg["layer_bytes"], cfg.get("bucket_mb", 0) * 2**20, flat)
+            rows.append(dict(row(base, "tf-collective", None, compute + tf["exposed"], tf["exchange"], compute,
+                                 cfg["batch_size"], n), allreduces=tf["allreduces"]))
             for p in ps_counts(n):
                 step = ps_step_seconds(compute, cfg["tensor_bytes"], n, cfg["gpus_per_host"], p, cfg["placement"],
                                        ps_fit)
@@ -130,7 +139,7 @@ def title(result):
     inputs = result["inputs"]
     links = tables.join([link["label"] + (" links" if link["label"] != "fitted" else " links (fitted)")
                          for link in inputs["links"]])
-    return (f"Projected scaling of ring and sync PS: {inputs['model']} on {min(result['np'])}–{max(result['np'])} "
+    return (f"Projected scaling of Horovod's ring, TF's ring and sync PS: {inputs['model']} on {min(result['np'])}–{max(result['np'])} "
             f"GPUs, {inputs['gpus_per_host']} per host, {links}")
 
 
@@ -142,7 +151,8 @@ def method(result):
     text = (f"The α-β model (bench/stats.py), not a measurement. Gradients {inputs['gradient_bytes'] / 1e6:,.1f} "
             f"MB per step in {inputs['tensors']} tensors of {inputs['layers']} layers (the largest "
             f"{inputs['largest_tensor_bytes'] / 1e6:,.1f} MB), ring allreduce "
-            f"{'hierarchical' if inputs['hierarchical'] else 'flat'}, PS placement {inputs['placement']}, one GPU's "
+            f"{'hierarchical' if inputs['hierarchical'] else 'flat'}, TF's in buckets of "
+            f"{inputs.get('bucket_mb', 0):g} MB, PS placement {inputs['placement']}, one GPU's "
             f"step {inputs['step_ms']:,.1f} ms ({inputs['step_source']}), batch "
             f"{inputs['batch_size']} per GPU. Columns: bench/COLUMNS.md, section Projection.\n\n")
     for link in inputs["links"]:
@@ -178,10 +188,15 @@ def finding_sentences(result):
     for link in dict.fromkeys(r["link_rate"] for r in result["rows"]):
         at = [r for r in result["rows"] if r["link_rate"] == link and r["gpus"] == top]
         ring = next((r for r in at if r["mode"] == "ring"), None)
+        tf = next((r for r in at if r["mode"] == "tf-collective"), None)
         # best last; of equals, the fewest PS tasks
         ps = sorted((r for r in at if r["mode"] == "ps-sync"), key=lambda r: (r["efficiency"], -r["num_ps"]))
         text = f"At {top} GPUs on {link} links, the α-β model projects "
-        parts = [f"{tables.share(ring['efficiency'])} efficiency for ring"] if ring else []
+        parts = [f"{tables.share(ring['efficiency'])} efficiency for Horovod's ring"] if ring else []
+        if tf:
+            parts.append(f"{tables.share(tf['efficiency'])} for TF's ring in {result['inputs'].get('bucket_mb', 0):g} "
+                         f"MB buckets" + (f" (Horovod's {ring['images_per_sec'] / tf['images_per_sec']:.2f}x TF's)"
+                                          if ring else ""))
         if ps:
             parts.append(f"{tables.share(ps[-1]['efficiency'])} for sync PS at best (P = {ps[-1]['num_ps']})"
                          + (f", {tables.share(ps[0]['efficiency'])} with P = {ps[0]['num_ps']}" if len(ps) > 1 else ""))

@@ -4,7 +4,7 @@ show, side by side. Columns: bench/COLUMNS.md."""
 import json
 import os
 
-from ringtrain.bench import plots, stats, tables
+from ringtrain.bench import plots, tables
 from ringtrain.bench.scaling_findings import find_row as _row, link_text, row_name, sentences as finding_sentences
 from ringtrain.workloads.numbers import percent
 from ringtrain.workloads.summary import dumps
@@ -210,7 +210,7 @@ def loop_findings(result):
 def horovod_against_tf(result):
     """At each N where both ran: Horovod's throughput over TF collective's, measured
     and by α-β (each all-reduce with its own fit; Horovod's hides behind
-    backprop, TF's one packed all-reduce cannot), and, with TF's own fit, how
+    backprop, TF's buckets as far as their order lets them), and, with TF's own fit, how
     much of the predicted ratio is the overlap and how much the transport."""
     out = []
     for n in sorted({r["workers"] for r in result["rows"]}):
@@ -229,21 +229,21 @@ def horovod_against_tf(result):
 
 
 def overlap_and_transport(result, ring, tf):
-    """α-β's ratio as two factors: TF's packed all-reduce priced with Horovod's
-    fit (the same exchange, after backprop) over Horovod's step is the
-    overlap; TF's step over that is TF's ring against OpenMPI's on the same links."""
+    """α-β's ratio as two factors: TF's exchange (its buckets, in order) priced
+    with Horovod's fit, over Horovod's step, is the overlap; TF's step over
+    that is TF's ring against OpenMPI's on the same links."""
     from ringtrain.bench.scaling_rows import fit_at
-    fits, nbytes, n = (result.get("alpha_beta"), result.get("alpha_beta_tf")), result.get("gradient_bytes"), \
-        tf["workers"]
-    if not all(fits) or not nbytes or n < 2 or not ring["predicted_step_time_ms"] or not tf["predicted_step_time_ms"]:
+    fits, n, same_links = (result.get("alpha_beta"), result.get("alpha_beta_tf")), tf["workers"], \
+        tf.get("predicted_step_on_horovod_fit_ms")
+    if not all(fits) or n < 2 or not same_links or not ring["predicted_step_time_ms"] or \
+            not tf["predicted_step_time_ms"]:
         return ""
     horovod_fit, tf_fit = (fit_at(f, n) for f in fits)
-    packed_on_mpi = tf["compute_time_ms"] + 1e3 * stats.ring_allreduce_seconds(
-        nbytes, n, horovod_fit["alpha_sec"], horovod_fit["beta_sec_per_byte"]) / (tf.get("time_dilation") or 1)
     mb_per_sec = lambda fit: 1e3 * (fit["bandwidth_gb_per_sec"] or 0)
-    return (f" = {packed_on_mpi / ring['predicted_step_time_ms']:.2f}x overlap (Horovod's allreduce hides behind "
-            f"backprop, TF's packed one starts after it) × {tf['predicted_step_time_ms'] / packed_on_mpi:.2f}x "
-            f"transport (TF's ring {mb_per_sec(tf_fit):.1f} MB/s, OpenMPI's {mb_per_sec(horovod_fit):.1f} MB/s)")
+    return (f" = {same_links / ring['predicted_step_time_ms']:.2f}x overlap (what of each exchange outlasts "
+            f"backprop: Horovod's fused allreduces, TF's buckets in order) × "
+            f"{tf['predicted_step_time_ms'] / same_links:.2f}x transport (TF's ring {mb_per_sec(tf_fit):.1f} MB/s, "
+            f"OpenMPI's {mb_per_sec(horovod_fit):.1f} MB/s)")
 
 
 # --- over several link rates ---------------------------------------------------

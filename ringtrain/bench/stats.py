@@ -55,8 +55,7 @@ def ring_step_seconds(compute, backward, layer_bytes, allreduce_seconds):
     backprop has made them (backprop_exchange), so only what outlasts the
     backward pass adds to the compute. `layer_bytes`: each layer's gradient
     bytes in forward order; `allreduce_seconds(nbytes)`: one allreduce. (TF's
-    collective mode, whose one packed all-reduce waits for the whole backward
-    pass, passes backward=0.)"""
+    collective mode: bucketed_exchange.)"""
     return compute + backprop_exchange(backward, layer_bytes, allreduce_seconds)["exposed"]
 
 
@@ -80,6 +79,27 @@ def backprop_exchange(backward, layer_bytes, allreduce_seconds):
         took = allreduce_seconds(nbytes)
         free, busy, count = start + took, busy + took, count + 1
     return {"exchange": busy, "exposed": max(0.0, free - backward), "allreduces": count}
+
+
+def bucketed_exchange(backward, layer_bytes, bucket_bytes, allreduce_seconds):
+    """TF collective mode's exchange (--bucket-mb): the gradients, last layers
+    first, grouped into buckets of at least `bucket_bytes` as TF groups them
+    (0: one bucket); a bucket's all-reduce starts once backprop has made its
+    last gradient and the bucket before it is done (TF keeps their order).
+    Layers as in backprop_exchange; returns the same fields."""
+    ready = [backward * (k + 1) / len(layer_bytes) for k in range(len(layer_bytes))]
+    buckets, filled = [], None  # [(ready when, bytes)]
+    for when, nbytes in zip(ready, reversed(layer_bytes)):
+        if not buckets or (bucket_bytes and filled > bucket_bytes):
+            buckets.append([when, 0.0])
+            filled = 0.0
+        buckets[-1] = [when, buckets[-1][1] + nbytes]
+        filled += nbytes
+    free, busy = 0.0, 0.0
+    for when, nbytes in buckets:
+        took = allreduce_seconds(nbytes)
+        free, busy = max(free, when) + took, busy + took
+    return {"exchange": busy, "exposed": max(0.0, free - backward), "allreduces": len(buckets)}
 
 
 def ps_step_seconds(compute, forward, backward, worker_hosts, ps_hosts, ps_bytes, alpha, beta, sync=True):

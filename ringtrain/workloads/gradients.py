@@ -6,17 +6,42 @@ reaches the weights; the loop decides whether to stop or go on."""
 
 
 def all_finite(tf, grads):
-    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(g))) for g in grads])
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(g))) for g in grads if g is not None])
 
 
-def apply_if_finite(optimizer, grads, variables, agree=False):
+# TF collective mode's buckets (--bucket-mb), measured: docs/results/2026-11-25-fastest-ring.md
+DEFAULT_BUCKET_MB = 4.0
+
+
+def all_reduce_in_buckets(tf, grads, bucket_bytes):
+    """The SUM of every worker's `grads`, all-reduced in buckets of about
+    `bucket_bytes` (0: one bucket), last layers first, by TF's own collective
+    packing (CommunicationOptions.bytes_per_pack): each bucket's all-reduce
+    starts once backprop has made its gradients, while backprop goes on to the
+    earlier layers, as Horovod's fusion and PyTorch DDP's buckets do. The
+    collectives keep the order they are made in on every worker (TF's ordering
+    token). In a strategy's replica context; None gradients stay None."""
+    present = [g for g in grads if g is not None]
+    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=int(bucket_bytes))
+    summed = iter(tf.distribute.get_replica_context().all_reduce("SUM", present, options=options) if present else [])
+    return [None if g is None else next(summed) for g in grads]
+
+
+def already_summed(optimizer):
+    """A Keras optimizer that applies the gradients it is given as they are:
+    under a strategy Keras would all-reduce them again (one packed all-reduce,
+    once backprop is done), and these are the all-reduced sum already.
+    (Keras's TensorFlow optimizer's one hook for it: tests/test_private_apis.py.)"""
+    optimizer._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
+    return optimizer
+
+
+def apply_if_finite(optimizer, grads, variables):
     """optimizer.apply_gradients(zip(grads, variables)) unless a gradient is
     not finite; returns whether it applied (a bool tensor). In a tf.function,
-    alone or in a strategy's replica context. agree=True: `grads` are this
-    worker's own, which the optimizer all-reduces (TF's collective mode); the
-    workers agree on "finite" first, with one 4-byte all-reduce of how many of
-    them hold a non-finite gradient (a sum is non-finite when one of its terms
-    is; two huge finite ones whose sum overflows are not caught)."""
+    alone or in a strategy's replica context. Where workers step together,
+    `grads` are the all-reduced sum, the same on every worker, so that all of
+    them apply it, or skip it, together."""
     import tensorflow as tf
     grads = list(grads)
 
@@ -29,9 +54,6 @@ def apply_if_finite(optimizer, grads, variables, agree=False):
     if not tf.distribute.has_strategy() or context is None:
         return tf.cond(all_finite(tf, grads), apply, skip)
     finite = all_finite(tf, grads)
-    if agree:
-        broken = context.all_reduce(tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32))
-        finite = tf.equal(broken, 0.0)
 
     # Under a tf.distribute strategy the Keras optimizer's step may be a merge_call,
     # which a branch of a cond in replica context may not make: the cond runs in
