@@ -25,11 +25,11 @@ run: install
 	horovodrun -np $(NP) ringtrain --model mnist_cnn --epochs 5 --threads 1
 
 # (TEST_TOOLS: also Debian's headless Chromium, which renders the bench's HTML report in a test)
-# Two test files at a time (pytest-xdist; a file's tests share its runs), then the few
-# that measure time or CPU, by themselves.
+# Two test files at a time (pytest-xdist; a file's tests share its runs), the longest files
+# first (tests/conftest.py), then the few that measure time or CPU, by themselves.
 test:
 	TEST_TOOLS=1 bash scripts/install.sh
-	python -m pytest -n 3 --dist loadfile -m "not alone" tests
+	python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not alone" tests
 	python -m pytest -m alone tests
 
 # The fast subset (no launcher, no training, no cluster): under a minute, for quick edits.

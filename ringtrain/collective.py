@@ -22,8 +22,8 @@ import numpy as np
 from ringtrain.common.errors import Preempted, UsageError
 from ringtrain.multihost import launched
 from ringtrain.synchronous import SynchronousMode
-from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB
 from ringtrain.workloads import loop
+from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB
 from ringtrain.workloads.mode import Agreement, Topology
 from ringtrain.workloads.straggler import check as check_straggler
 
@@ -177,6 +177,7 @@ def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=No
     from ringtrain.workloads.gradients import accumulated, all_reduce_in_buckets, already_summed, apply_if_finite, \
         rescaled
     from ringtrain.workloads.tfenv import step_function
+    already_summed(optimizer)  # (the replica step hands it the all-reduced sum)
 
     def average_statistics():
         # TF: batch norm's moving statistics, which the forward pass moved towards this worker's
@@ -194,7 +195,7 @@ def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=No
         # backprop has made it; every worker then holds the same sum, so all of them apply
         # it, or skip it where it is not finite, together.
         summed = all_reduce_in_buckets(tf, grads, bucket_bytes)
-        applied = apply_if_finite(already_summed(optimizer), summed, model.trainable_variables)
+        applied = apply_if_finite(optimizer, summed, model.trainable_variables)
         moved, overflow = rescaled(tf, loss_scale, applied, loss_sum)
         with tf.control_dependencies([moved]):
             return loss_sum, samples, tf.identity(applied), tf.identity(overflow)
