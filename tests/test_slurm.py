@@ -209,14 +209,13 @@ def wait_for_output(cluster, job, folder, pattern, timeout=180):
         time.sleep(0.3)
 
 
-# (tf-collective.sbatch starts its workers as ring.sbatch does, under mpirun in the batch
-# step, with the same requeue wrapper; its signal handling is the mode table's)
 @pytest.mark.parametrize("script,words,baseline", [
     ("ring.sbatch", [], lambda args: mpirun(2, *args)),
+    ("tf-collective.sbatch", [], lambda args: mpirun(2, "--backend", "tf-collective", *args)),
     ("ps.sbatch", ["--num-ps", "1", "--replication", "in-graph"],
      lambda args: [os.path.join(os.path.dirname(os.sys.executable), "ps-baseline"), "launch", "--num-ps", "1",
                    "--num-workers", "2", "--replication", "in-graph", *args]),
-], ids=["ring", "ps-in-graph"])
+], ids=["ring", "tf-collective", "ps-in-graph"])
 def test_scancel_signal_stops_a_job_which_requeues_itself_and_ends_as_if_never_stopped(nodes, tmp_path, script,
                                                                                        words, baseline):
     """`scancel --signal=USR1` (what `sbatch --signal` sends before the time
