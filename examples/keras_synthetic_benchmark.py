@@ -12,9 +12,6 @@ it: every rank's timed samples over the slowest rank's timed seconds, the
 warm-up steps excluded. A step's time runs from the end of the step before,
 so it holds whatever fit does between steps (callbacks, epoch ends).
 """
-import argparse
-import json
-import os
 import time
 
 import horovod.tensorflow.keras as hvd
@@ -22,17 +19,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-p.add_argument("--model", default="ResNet50", help="a keras.applications name")
-p.add_argument("--image-shape", default="32x32x3", help="HxWxC")
-p.add_argument("--classes", type=int, default=10)
-p.add_argument("--batch-size", type=int, default=16, help="per rank")
-p.add_argument("--steps", type=int, default=30, help="steps in all, the warm-up included")
-p.add_argument("--warmup-steps", type=int, default=3, help="not timed")
+import plain_scripts  # (beside this script: the flags and the network every plain script shares)
+
+p = plain_scripts.parser(__doc__)
 p.add_argument("--steps-per-epoch", type=int, default=10,
                help="as Horovod's recipe: epochs of 10 batches (the last epoch runs whole)")
-p.add_argument("--lr", type=float, default=0.01)
-p.add_argument("--threads", type=int, default=1, help="TF's intra- and inter-op threads")
 p.add_argument("--fp16-allreduce", action="store_true", help="fp16 compression of the gradients")
 args = p.parse_args()
 
@@ -43,8 +34,7 @@ tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
 shape = tuple(int(d) for d in args.image_shape.split("x"))
 keras.utils.set_random_seed(hvd.rank())
-model = getattr(keras.applications, args.model)(weights=None, input_shape=shape, classes=args.classes,
-                                                classifier_activation=None)
+model = plain_scripts.build(args.model, shape, args.classes)
 rng = np.random.default_rng(hvd.rank())
 images = rng.random((args.batch_size, *shape), np.float32)
 labels = rng.integers(0, args.classes, args.batch_size)
@@ -81,11 +71,5 @@ model.fit(dataset, steps_per_epoch=steps_per_epoch, epochs=-(-args.steps // step
 step_seconds = np.diff(timer.ends)[args.warmup_steps:args.steps]
 # Horovod: every rank's timed seconds, so that the rate is the job's, not rank 0's times N.
 seconds = [float(s) for s in hvd.allgather([float(step_seconds.sum())])]
-samples = hvd.size() * args.batch_size * len(step_seconds)
 if hvd.rank() == 0:
-    print(json.dumps({"images_per_sec": samples / max(seconds), "world_size": hvd.size(),
-                      "timed_samples": samples, "timed_seconds": max(seconds),
-                      "images_per_sec_per_worker": [samples / hvd.size() / s for s in seconds],
-                      "step_time_p50_sec": float(np.median(step_seconds)),
-                      "mpi_settings": {k: v for k, v in os.environ.items() if k.startswith("OMPI_MCA_")}}),
-          flush=True)
+    plain_scripts.print_result(step_seconds.tolist(), seconds, hvd.size(), args)

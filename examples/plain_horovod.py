@@ -8,28 +8,15 @@ timer. Nothing of ringtrain's. `ringtrain-bench parity` runs it beside
 It prints one JSON line, with images/s measured as ringtrain measures it:
 every rank's timed samples over the slowest rank's timed seconds.
 """
-import argparse
-import json
-import os
-import time
 
 import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
 
-import plain_models  # (beside this script: the network, a keras.applications name or mnist_cnn)
+import plain_scripts  # (beside this script: the flags and the network every plain script shares)
 
-p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-p.add_argument("--model", default="ResNet50", help="a keras.applications name, or mnist_cnn")
-p.add_argument("--image-shape", default="32x32x3", help="HxWxC")
-p.add_argument("--classes", type=int, default=10)
-p.add_argument("--batch-size", type=int, default=16, help="per rank")
-p.add_argument("--steps", type=int, default=30, help="steps in all, the warm-up included")
-p.add_argument("--warmup-steps", type=int, default=3, help="not timed")
-p.add_argument("--lr", type=float, default=0.01)
-p.add_argument("--threads", type=int, default=1, help="TF's intra- and inter-op threads")
-args = p.parse_args()
+args = plain_scripts.parser(__doc__).parse_args()
 
 # Horovod: initialise, and pin TF's thread pools as the ranks share the machine.
 hvd.init()
@@ -39,7 +26,7 @@ tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
 shape = tuple(int(d) for d in args.image_shape.split("x"))
 keras.utils.set_random_seed(hvd.rank())
-model = plain_models.build(args.model, shape, args.classes)
+model = plain_scripts.build(args.model, shape, args.classes)
 optimizer = keras.optimizers.SGD(args.lr)
 optimizer.build(model.trainable_variables)
 rng = np.random.default_rng(hvd.rank())
@@ -61,20 +48,8 @@ def train_step():
 
 # Horovod: every rank starts from rank 0's weights.
 hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
-step_seconds = []
-for step in range(args.steps):
-    start = time.perf_counter()
-    train_step().numpy()
-    if step >= args.warmup_steps:
-        step_seconds.append(time.perf_counter() - start)
-
+step_seconds = plain_scripts.timed_steps(lambda: train_step().numpy(), args)
 # Horovod: every rank's timed seconds, so that the rate is the job's, not rank 0's times N.
 seconds = hvd.allgather_object(sum(step_seconds))
-samples = hvd.size() * args.batch_size * len(step_seconds)
 if hvd.rank() == 0:
-    print(json.dumps({"images_per_sec": samples / max(seconds), "world_size": hvd.size(),
-                      "timed_samples": samples, "timed_seconds": max(seconds),
-                      "images_per_sec_per_worker": [samples / hvd.size() / s for s in seconds],
-                      "step_time_p50_sec": float(np.median(step_seconds)),
-                      "mpi_settings": {k: v for k, v in os.environ.items() if k.startswith("OMPI_MCA_")}}),
-          flush=True)
+    plain_scripts.print_result(step_seconds, seconds, hvd.size(), args)

@@ -12,22 +12,13 @@ the workers make it here from their ranks (free ports, shared with mpi4py).
 It prints one JSON line, with images/s measured as ringtrain measures it:
 every worker's timed samples over the slowest worker's timed seconds.
 """
-import argparse
 import json
 import os
 import socket
-import time
 
-p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-p.add_argument("--model", default="ResNet50", help="a keras.applications name, or mnist_cnn")
-p.add_argument("--image-shape", default="32x32x3", help="HxWxC")
-p.add_argument("--classes", type=int, default=10)
-p.add_argument("--batch-size", type=int, default=16, help="per worker")
-p.add_argument("--steps", type=int, default=30, help="steps in all, the warm-up included")
-p.add_argument("--warmup-steps", type=int, default=3, help="not timed")
-p.add_argument("--lr", type=float, default=0.01)
-p.add_argument("--threads", type=int, default=1, help="TF's intra- and inter-op threads")
-args = p.parse_args()
+import plain_scripts  # (beside this script: the flags and the network every plain script shares)
+
+args = plain_scripts.parser(__doc__).parse_args()
 
 
 def tf_config_from_mpirun():
@@ -50,7 +41,6 @@ import keras  # noqa: E402 (TF_CONFIG first: the strategy reads it)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import plain_models  # noqa: E402 (beside this script: the network, a keras.applications name or mnist_cnn)
 
 tf.config.threading.set_intra_op_parallelism_threads(args.threads)
 tf.config.threading.set_inter_op_parallelism_threads(args.threads)
@@ -65,7 +55,7 @@ shape = tuple(int(d) for d in args.image_shape.split("x"))
 keras.utils.set_random_seed(rank)
 with strategy.scope():
     # TF: variables mirrored on every worker, created alike.
-    model = plain_models.build(args.model, shape, args.classes)
+    model = plain_scripts.build(args.model, shape, args.classes)
     optimizer = keras.optimizers.SGD(args.lr)
     optimizer.build(model.trainable_variables)
 rng = np.random.default_rng(rank)
@@ -88,18 +78,8 @@ def train_step():
     return strategy.reduce("SUM", strategy.run(replica_step), axis=None)
 
 
-step_seconds = []
-for step in range(args.steps):
-    start = time.perf_counter()
-    train_step().numpy()
-    if step >= args.warmup_steps:
-        step_seconds.append(time.perf_counter() - start)
-
+step_seconds = plain_scripts.timed_steps(lambda: train_step().numpy(), args)
 # TF: every worker's timed seconds, so that the rate is the job's, not worker 0's times N.
 seconds = strategy.gather(tf.constant([sum(step_seconds)], tf.float64), axis=0).numpy().tolist()
-samples = size * args.batch_size * len(step_seconds)
 if rank == 0:
-    print(json.dumps({"images_per_sec": samples / max(seconds), "world_size": size,
-                      "timed_samples": samples, "timed_seconds": max(seconds),
-                      "images_per_sec_per_worker": [samples / size / s for s in seconds],
-                      "step_time_p50_sec": float(np.median(step_seconds))}), flush=True)
+    plain_scripts.print_result(step_seconds, seconds, size, args)
