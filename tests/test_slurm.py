@@ -235,6 +235,7 @@ def test_scancel_signal_stops_a_job_which_requeues_itself_and_ends_as_if_never_s
         on_h1(nodes, ["scancel", "--signal=USR1", job], tmp_path)
         wait_for_output(nodes, job, tmp_path, r"requeueing it")
         seconds = time.monotonic() - signalled
+        print(f"{script}: from scancel --signal to the requeue line: {seconds:.1f} s")  # (shown with pytest -s)
         # SLURM holds a requeued job back for two minutes (its BeginTime); the test need not wait them
         wait_until(lambda: "Reason=BeginTime" in on_h1(nodes, ["scontrol", "show", "job", "-o", job], "/"), 60)
         on_h1(nodes, ["scontrol", "update", f"JobId={job}", "StartTime=now"], tmp_path)
