@@ -313,7 +313,8 @@ def test_every_column_header_is_defined_in_columns_md():
     from ringtrain.bench import allreduce, convergence, parity, pipeline, straggler
     doc = open(os.path.join(REPO, "bench", "COLUMNS.md")).read()
     for _, header in (scaling_report.COLUMNS + allreduce.COLUMNS + straggler.COLUMNS + convergence.COLUMNS
-                      + parity.COLUMNS + [c for pair in parity.PAIRS.values() for c in pair.columns] + pipeline.COLUMNS):
+                      + parity.COLUMNS + [c for pair in parity.PAIRS.values() for c in pair.columns]
+                      + pipeline.COLUMNS):
         assert f"| {header} |" in doc, header
 
 

@@ -143,7 +143,8 @@ def test_parity_runs_tf_collective_mode_against_the_plain_mwms_script(tmp_path):
     plain = json.loads([line for line in (tmp_path / "runs" / "plain-mwms-r1.log").read_text().splitlines()
                         if line.startswith("{")][-1])
     ours = json.loads((tmp_path / "runs" / "tf-collective-r1.json").read_text())
-    assert plain["world_size"] == ours["world_size"] == 2 and plain["timed_samples"] == ours["timed_samples"] == 2 * 8 * 3
+    assert plain["world_size"] == ours["world_size"] == 2
+    assert plain["timed_samples"] == ours["timed_samples"] == 2 * 8 * 3
     assert ours["mode"] == "tf-collective" and ours["model"] == "mnist_cnn"
     assert "ringtrain ÷ plain MWMS" in out
 

@@ -139,8 +139,8 @@ def title(result):
     inputs = result["inputs"]
     links = tables.join([link["label"] + (" links" if link["label"] != "fitted" else " links (fitted)")
                          for link in inputs["links"]])
-    return (f"Projected scaling of Horovod's ring, TF's ring and sync PS: {inputs['model']} on {min(result['np'])}–{max(result['np'])} "
-            f"GPUs, {inputs['gpus_per_host']} per host, {links}")
+    return (f"Projected scaling of Horovod's ring, TF's ring and sync PS: {inputs['model']} on "
+            f"{min(result['np'])}–{max(result['np'])} GPUs, {inputs['gpus_per_host']} per host, {links}")
 
 
 METHOD = "How it is projected"
