@@ -2,7 +2,9 @@
 --on-nan, for Keras optimizers in a tf.function (ring, towers, TF2 PS, TF's
 collective mode) and for tf.compat.v1 optimizers in a graph (the PS of the
 classic distributed-TensorFlow tutorials). A non-finite gradient never
-reaches the weights; the loop decides whether to stop or go on."""
+reaches the weights; the loop decides whether to stop or go on. Also how a
+step's gradients are made (micro-batches accumulated, a loss scale undone)
+and, in TF's collective mode, all-reduced in buckets."""
 
 
 def all_finite(tf, grads):
