@@ -14,13 +14,13 @@ import json
 import os
 import pickle
 import socket
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from ringtrain.common.errors import Preempted, UsageError
 from ringtrain.multihost import launched
+from ringtrain.multihost.net import is_listening, wait_for
 from ringtrain.synchronous import SynchronousMode
 from ringtrain.workloads import loop
 from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB
@@ -134,16 +134,8 @@ def chief_leaves_first(rank, workers, timeout=120.0):
 
 
 def _wait_for_the_chief(rank, workers, timeout):
-    if rank == 0 or not workers:
-        return
-    host, port = workers[0].rsplit(":", 1)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((host, int(port)), timeout=1.0).close()
-        except OSError:
-            return  # (its server is gone)
-        time.sleep(0.1)
+    if rank > 0 and workers:
+        wait_for(lambda: not is_listening(workers[0]), timeout, poll=0.1)
 
 
 class CollectiveMode(SynchronousMode):

@@ -85,8 +85,6 @@ PAIRS = {
         "all-reduce after backprop); ringtrain: --backend tf-collective with its defaults (its gradient buckets, "
         "the loop's every feature). Both TF's RING"),
 }
-# (the keras-fit pair's, by their old names)
-KERAS_COLUMNS, KERAS_CSV_KEYS = PAIRS["keras-fit"].columns, PAIRS["keras-fit"].csv_keys
 PLAIN_MWMS_SCRIPT = os.path.join(launch.REPO, "examples", "plain_mwms.py")
 
 
