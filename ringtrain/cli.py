@@ -8,7 +8,7 @@ from ringtrain.common import parsing
 from ringtrain.workloads import config, flags
 from ringtrain.common.errors import UsageError, launched_size, run_cli
 from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB
-from ringtrain.workloads.horovod_env import HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
+from ringtrain.workloads.horovod_env import CPU_OPERATIONS, HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
 
 COMMUNICATIONS = ("RING", "AUTO", "NCCL")  # tf.distribute.experimental.CommunicationImplementation
 from ringtrain.workloads.outputs import check_outputs
@@ -93,6 +93,10 @@ def add_horovod_flags(p):
     r.add_argument("--mpi-busy-wait", action="store_true",
                    help="let OpenMPI spin while waiting (its default); ringtrain otherwise sets "
                         "OMPI_MCA_mpi_yield_when_idle=1, which is faster when ranks share cores")
+    r.add_argument("--cpu-operations", choices=CPU_OPERATIONS, default=None,
+                   help="under mpirun, what carries the gradients (HOROVOD_CPU_OPERATIONS): auto (the default) "
+                        "takes Gloo's TCP ring when the ranks span hosts, where OpenMPI's polling wait costs "
+                        "the compute its cores, and OpenMPI's shared memory on one host; mpi; gloo")
     r.add_argument("--elastic", action="store_true",
                    help="go on when ranks are lost or added, under horovodrun's elastic mode (horovodrun "
                         "--gloo -np N --min-np M --max-np X --host-discovery-script S ringtrain --elastic)")
@@ -109,7 +113,8 @@ HOROVOD_ONLY = {"fp16_allreduce": "Horovod's gradient compression", "adasum": "H
                 "fusion_threshold_mb": "Horovod's fusion buffer (TF's collective mode has --bucket-mb)",
                 "cycle_time_ms": "Horovod's background cycle", "horovod_loop": "Horovod's background thread",
                 "timeline": "Horovod's timeline", "mpi_allreduce": "OpenMPI's algorithm (TF runs its own ring)",
-                "mpi_busy_wait": "OpenMPI's waiting", "no_allreduce": "Horovod's measurement switch",
+                "mpi_busy_wait": "OpenMPI's waiting", "cpu_operations": "Horovod's data path",
+                "no_allreduce": "Horovod's measurement switch",
                 "elastic": "Horovod's elastic mode", "commit_every": "Horovod's elastic commits"}
 
 
@@ -120,6 +125,9 @@ def check_backend(args):
             if getattr(args, dest) not in (None, False):
                 raise UsageError(f"--{dest.replace('_', '-')} is {what}: drop it with --backend tf-collective")
     else:
+        if args.cpu_operations == "mpi" and os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+            raise UsageError("--cpu-operations mpi needs MPI: launch with mpirun (or horovodrun --mpi), "
+                             "not horovodrun --gloo")
         for dest in ("communication", "port_base", "bucket_mb"):
             if getattr(args, dest) is not None:
                 raise UsageError(f"--{dest.replace('_', '-')} is for TF's collective mode: it needs --backend "

@@ -57,6 +57,7 @@ class HorovodConfig:
     timeline: str = None
     mpi_allreduce: str = "ring"
     mpi_busy_wait: bool = False
+    cpu_operations: str = "auto"
     no_allreduce: bool = False
     elastic: bool = False
     commit_every: int = 10
@@ -67,7 +68,7 @@ class HorovodConfig:
 def horovod_config(args):
     return HorovodConfig(args.fp16_allreduce, args.adasum, args.fusion_threshold_mb, args.cycle_time_ms,
                          args.horovod_loop, args.timeline, args.mpi_allreduce or "ring", args.mpi_busy_wait,
-                         args.no_allreduce, args.elastic, args.commit_every or 10,
+                         args.cpu_operations or "auto", args.no_allreduce, args.elastic, args.commit_every or 10,
                          lr_scaling=not (args.no_lr_scaling or args.adasum), warmup_epochs=args.warmup_epochs)
 
 

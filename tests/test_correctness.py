@@ -71,13 +71,19 @@ def test_two_ranks_are_identical_and_equal_one_process_on_the_global_batch(
     assert_same_weights(weights(dump, 0), one_process_on_the_global_batch)
 
 
-@pytest.mark.parametrize("launcher", ["mpirun-hostfile", "horovodrun", "horovodrun-gloo", "tf-collective-mpirun"])
+# what carried the gradients: under mpirun across hosts Gloo's ring, unless asked for OpenMPI's
+CARRIED = {"mpirun-hostfile": "gloo ring", "mpirun-hostfile-mpi-ops": "mpi ring", "horovodrun-gloo": "gloo ring"}
+
+
+@pytest.mark.parametrize("launcher", ["mpirun-hostfile", "mpirun-hostfile-mpi-ops", "horovodrun", "horovodrun-gloo",
+                                      "tf-collective-mpirun"])
 def test_across_hosts_too(cluster, launcher, tmp_path, one_process_on_the_global_batch):
     from helpers import last_json
     hosts = tmp_path / "hosts"
     hosts.write_text("h1 slots=1\nh2 slots=1\n")
     ringtrain = os.path.join(BIN, "ringtrain")
     start = {"mpirun-hostfile": ["mpirun", "--hostfile", str(hosts), ringtrain],
+             "mpirun-hostfile-mpi-ops": ["mpirun", "--hostfile", str(hosts), ringtrain, "--cpu-operations", "mpi"],
              "tf-collective-mpirun": ["mpirun", "--hostfile", str(hosts), ringtrain, *COLLECTIVE, *BUCKETED],
              "horovodrun": [os.path.join(BIN, "horovodrun"), "-H", "h1:1,h2:1", ringtrain],
              "horovodrun-gloo": [os.path.join(BIN, "horovodrun"), "--gloo", "-H", "h1:1,h2:1", ringtrain]}[launcher]
@@ -86,5 +92,7 @@ def test_across_hosts_too(cluster, launcher, tmp_path, one_process_on_the_global
     run_ok([*on, *start, *DETERMINISTIC, "--batch-size", "16", "--dump-weights", dump, "--summary-json",
             str(summary)], timeout=240, env=ENV)
     assert last_json(summary.read_text())["hosts"] == ["h1", "h2"]
+    if launcher in CARRIED:
+        assert last_json(summary.read_text())["allreduce_algorithm"] == CARRIED[launcher]
     assert_same_weights(weights(dump, 0), weights(dump, 1), exact=True)
     assert_same_weights(weights(dump, 0), one_process_on_the_global_batch)

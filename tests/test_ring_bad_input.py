@@ -109,3 +109,13 @@ def test_a_bad_dataset_on_two_ranks_is_said_once_not_once_per_rank(gloo):
 
 def test_a_batch_larger_than_the_dataset_is_refused():
     assert_one_line_error(["ringtrain", "--batch-size", "4001"], "larger than the 4000 training samples")
+
+
+@pytest.mark.slow
+def test_openmpis_data_path_under_horovodrun_gloo_is_refused_once():
+    # horovodrun --gloo starts no MPI: Horovod would crash on its first collective
+    done = run(horovodrun(2, "--cpu-operations", "mpi", gloo=True), timeout=60)
+    assert done.returncode != 0
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "ringtrain: error:" in line]
+    assert len(said) == 1 and "--cpu-operations mpi needs MPI" in said[0], done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr

@@ -10,6 +10,7 @@ import pytest
 from ps_baseline import launcher
 from ps_baseline.reports import Staleness, staleness_fields
 from ringtrain.workloads.checkpoints import Progress
+from ringtrain.workloads.horovod_env import allreduce_algorithm_in_effect, cpu_operations_env
 from ringtrain.workloads.schedule import learning_rate_schedule
 from ringtrain.workloads.console import Console, human_summary
 from ringtrain.workloads.evaluation import Evaluation
@@ -171,3 +172,29 @@ def test_too_few_slots_says_how_many_there_are_and_are_needed():
     from ringtrain.common.errors import UsageError
     with pytest.raises(UsageError, match=r"has 2 slot\(s\) \(h1 slots=1, h2 slots=1\) but 3 are needed"):
         fill([Host("h1", 1), Host("h2", 1)], 3, "hf")
+
+
+@pytest.mark.parametrize("environ, choice, expected", [
+    ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "HOROVOD_GLOO_IFACE": "eth0"}, "auto",
+     "gloo"),                                                                             # 2 hosts
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "auto", "mpi"),    # one host
+    ({"SLURM_STEP_NUM_NODES": "3", "HOROVOD_GLOO_IFACE": "eth0"}, "auto", "gloo"),
+    ({}, "auto", "mpi"),                                                                  # nothing said
+    ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "mpi", "mpi"),
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "gloo", "gloo"),
+    ({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "h1"}, "auto", None),                               # horovodrun --gloo
+])
+def test_gloo_carries_the_gradients_under_mpirun_when_ranks_span_hosts(environ, choice, expected):
+    env = cpu_operations_env(choice, environ)
+    assert env.get("HOROVOD_CPU_OPERATIONS") == expected
+    if expected:  # (the summary's name for it, under mpirun's MPI controller)
+        assert allreduce_algorithm_in_effect("mpi", dict(environ, **env)).startswith(expected)
+
+
+def test_auto_keeps_openmpis_path_where_this_hosts_name_resolves_to_loopback(monkeypatch):
+    import socket
+    spans = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "127.0.1.1")  # Debian's /etc/hosts
+    assert cpu_operations_env("auto", spans) == {"HOROVOD_CPU_OPERATIONS": "mpi"}
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "198.18.0.2")
+    assert cpu_operations_env("auto", spans) == {"HOROVOD_CPU_OPERATIONS": "gloo"}

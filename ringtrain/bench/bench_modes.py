@@ -8,9 +8,10 @@ from ringtrain import modes
 VARIANTS = {
     "ring-upstream": "ring",    # Horovod's upstream background loop (--horovod-loop upstream)
     "ring-gloo": "ring",        # under horovodrun --gloo, not mpirun
+    "ring-mpi": "ring",         # under mpirun, OpenMPI's data path across hosts too (--cpu-operations mpi)
     "ps-sync-backup": "ps-sync",  # W + 1 workers, K = W: one backup worker
 }
-SCALING_VARIANTS = ("ring-upstream", "ring-gloo")  # what a variant asks of the scaling bench's rows
+SCALING_VARIANTS = ("ring-upstream", "ring-gloo", "ring-mpi")  # what a variant asks of the scaling bench's rows
 SYNC_VARIANTS = ("ps-sync-backup",)  # what it asks of the straggler and convergence benches
 INDEPENDENT = "independent"
 

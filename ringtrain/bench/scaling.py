@@ -87,11 +87,13 @@ def command(mode, workers, num_ps, cfg, batch, summary, site, workdir):
 
 
 def horovod_knobs(mode, cfg):
-    """Horovod's cycle and fusion buffer as the run sets them, and its background loop."""
+    """Horovod's cycle and fusion buffer as the run sets them, its background loop and data path."""
     extra = []
     for flag, key in (("--cycle-time-ms", "cycle_time_ms"), ("--fusion-threshold-mb", "fusion_threshold_mb")):
         if cfg.get(key) is not None:
             extra += [flag, f"{cfg[key]:g}"]
+    if mode == "ring-mpi":
+        extra += ["--cpu-operations", "mpi"]
     return extra + ["--horovod-loop", "upstream" if mode == "ring-upstream" else "event"]
 
 
