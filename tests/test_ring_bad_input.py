@@ -101,10 +101,14 @@ def test_a_bad_dataset_on_two_ranks_is_said_once_not_once_per_rank(gloo):
     from helpers import mpirun
     cmd = horovodrun(2, "--data-dir", "/nonexistent/mnist", gloo=True) if gloo else \
         mpirun(2, "--data-dir", "/nonexistent/mnist")
-    done = run(cmd, timeout=60)
+    assert_said_once_by_the_job(run(cmd, timeout=60), "/nonexistent/mnist")
+
+
+def assert_said_once_by_the_job(done, expected):
+    """A job of ranks failed, and one line of all its ranks' output says why."""
     assert done.returncode != 0
     said = [line for line in (done.stdout + done.stderr).splitlines() if "ringtrain: error:" in line]
-    assert len(said) == 1 and "/nonexistent/mnist" in said[0], done.stdout + done.stderr
+    assert len(said) == 1 and expected in said[0], done.stdout + done.stderr
 
 
 def test_a_batch_larger_than_the_dataset_is_refused():
@@ -115,7 +119,5 @@ def test_a_batch_larger_than_the_dataset_is_refused():
 def test_openmpis_data_path_under_horovodrun_gloo_is_refused_once():
     # horovodrun --gloo starts no MPI: Horovod would crash on its first collective
     done = run(horovodrun(2, "--cpu-operations", "mpi", gloo=True), timeout=60)
-    assert done.returncode != 0
-    said = [line for line in (done.stdout + done.stderr).splitlines() if "ringtrain: error:" in line]
-    assert len(said) == 1 and "--cpu-operations mpi needs MPI" in said[0], done.stdout + done.stderr
+    assert_said_once_by_the_job(done, "--cpu-operations mpi needs MPI")
     assert "Traceback" not in done.stdout + done.stderr
