@@ -169,9 +169,18 @@ class Checkpoints:
             if path is None:
                 raise UsageError(f"--resume {source}: no checkpoint in that directory")
             return path
-        if not os.path.exists(source + ".index"):
-            raise UsageError(f"--resume {source}: no such checkpoint (expected {source}.index)")
+        check_resume_path(source)
         return source
+
+
+def check_resume_path(source):
+    """--resume CKPT names a checkpoint folder or a checkpoint's prefix (PREFIX.index
+    is there): one line where it names neither. Needs no TensorFlow: the flags'
+    checks call it before TF loads."""
+    if source in (None, "latest") or os.path.isdir(source):
+        return
+    if not os.path.exists(source + ".index"):
+        raise UsageError(f"--resume {source}: no such checkpoint (expected {source}.index)")
 
 
 class ObjectStore:

@@ -4,6 +4,7 @@ import argparse
 
 from ringtrain.workloads import catalog, sources, straggler
 from ringtrain.workloads.catalog import MODEL_SPECS
+from ringtrain.workloads.checkpoints import check_resume_path
 from ringtrain.common import parsing
 from ringtrain.common.errors import UsageError
 from ringtrain.common.parsing import non_negative_float, non_negative_int, positive_float, positive_int
@@ -217,6 +218,7 @@ def check_shared_flags(args):
     if args.resume == "latest" and not args.checkpoint_dir:
         raise UsageError("--resume needs --checkpoint-dir DIR: the folder to resume from (or name a checkpoint: "
                          "--resume CKPT)")
+    check_resume_path(args.resume)
     if args.epochs == 0 and not args.steps:
         raise UsageError("--epochs 0 trains nothing: give --epochs >= 1 or --steps K")
 
