@@ -178,7 +178,11 @@ def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=No
         for variable, mean in zip(statistics, means):
             variable.assign(mean)
 
-    def replica_step(images, labels, weights, global_count):
+    def replica_step(images, labels, weights, global_count, vote):
+        # TF: every worker's stop vote summed as the step starts, while it computes (a signal
+        # stops every worker after the same step: workloads/preemption.py); TF runs a step's
+        # collectives in the order they are made, on every worker alike.
+        votes = tf.distribute.get_replica_context().all_reduce("SUM", tf.identity(vote))
         # TF: divided by the global batch's samples, the SUM of the workers'
         # gradients is exactly the global batch's gradient (K micro-batches summed first).
         loss_sum, samples, grads = accumulated(tf, model, (images, labels, weights, global_count), global_count,
@@ -190,11 +194,12 @@ def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=No
         applied = apply_if_finite(optimizer, summed, model.trainable_variables)
         moved, overflow = rescaled(tf, loss_scale, applied, loss_sum)
         with tf.control_dependencies([moved]):
-            return loss_sum, samples, tf.identity(applied), tf.identity(overflow)
+            return loss_sum, samples, tf.identity(applied), tf.identity(overflow), votes
 
     @step_function
-    def train_step(images, labels, weights, global_count):
-        results = strategy.run(replica_step, args=(images, labels, weights, global_count))
+    def train_step(images, labels, weights, global_count, lr, vote):
+        optimizer.learning_rate.assign(lr)  # (every worker's copy, before the replicas step)
+        results = strategy.run(replica_step, args=(images, labels, weights, global_count, vote))
         return [strategy.experimental_local_results(r)[0] for r in results]
 
     return train_step

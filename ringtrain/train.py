@@ -149,7 +149,11 @@ def make_train_step(hvd, horovod, model, optimizer, statistics=(), loss_scale=No
                 lambda grads: grouped_allreduce(hvd, grads, reduce_op, compression))
 
     @step_function
-    def train_step(images, labels, weights, global_count):
+    def train_step(images, labels, weights, global_count, lr, vote):
+        # Horovod: every rank's stop vote summed as the step starts, while it computes (a signal
+        # stops every rank after the same step: workloads/preemption.py)
+        votes = hvd.allreduce(vote, op=hvd.Sum, name="stop_votes")
+        optimizer.learning_rate.assign(lr)
         # Horovod: divide by the global batch's mean per-rank share, not the local
         # count, so that averaging over ranks gives exactly the global batch's gradient.
         loss_sum, samples, grads = accumulated(
@@ -161,7 +165,7 @@ def make_train_step(hvd, horovod, model, optimizer, statistics=(), loss_scale=No
         applied = apply_if_finite(optimizer, grads, model.trainable_variables)
         moved, overflow = rescaled(tf, loss_scale, applied, loss_sum)
         with tf.control_dependencies([moved]):
-            return loss_sum, samples, tf.identity(applied), tf.identity(overflow)
+            return loss_sum, samples, tf.identity(applied), tf.identity(overflow), votes
 
     return train_step
 

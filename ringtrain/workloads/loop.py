@@ -137,7 +137,8 @@ class Training:
             pending.append((number, (epoch, done_in_epoch), result))
             while len(pending) > mode.lag:
                 state.finish_step(watchdog, *pending.popleft())
-            state.stopped = stop.stop_after(number)  # a signal: every process stops after the same step
+            # a signal: every process stops after the same step
+            state.stopped = stop.stop_after(number, result if not isinstance(result, Deferred) else None)
         while pending:
             state.finish_step(watchdog, *pending.popleft())
         if state.stopped:

@@ -139,6 +139,7 @@ class StepResult:
     waited: tuple = ()       # --straggler seconds waited inside the graph, per worker this process drives
     job_samples: float = None  # samples the job's weights took in with it (default: `samples`)
     overflow: bool = False   # not applied because float16's loss scale overflowed (the scale halves): not divergence
+    stop_votes: float = None  # where the step's own collectives agree on a stop: the processes asked to stop
 
 
 class Deferred:

@@ -69,20 +69,32 @@ class Preemption:
 PREEMPTION = Preemption()
 
 
+def vote(preemption=PREEMPTION):
+    """This process's stop vote for the step it is about to run (1.0: it was
+    asked to stop), for a step whose own collectives sum the votes
+    (StepResult.stop_votes)."""
+    return 1.0 if preemption.requested else 0.0
+
+
 class StopAgreement:
-    """When the processes of a run agree whether any was asked to stop: every
-    step until the chief knows its step time, then every K steps, K the steps
-    of about CHECK_SECONDS, which the chief tells the others in the same
-    agreement (processes in lockstep must make the collective at the same
-    steps). Where each process steps on its own (between-graph PS), each
-    raises and reads a flag on its own cadence."""
+    """When the processes of a run agree whether any was asked to stop. Where
+    the step itself sums every process's vote() in its own collectives (the
+    all-reduce modes), after every step, at no cost of its own. Otherwise, in
+    lockstep: every step until the chief knows its step time, then every K
+    steps, K the steps of about CHECK_SECONDS, which the chief tells the others
+    in the same agreement (processes in lockstep must make the collective at
+    the same steps). Where each process steps on its own (between-graph PS),
+    each raises and reads a flag on its own cadence."""
 
     def __init__(self, agree, preemption=PREEMPTION):
         self.agree, self.preemption = agree, preemption
         self.next_check, self.every, self.last = 1, 1, None
 
-    def stop_after(self, number):
-        """Whether training stops after step `number` (checked when due)."""
+    def stop_after(self, number, result=None):
+        """Whether training stops after step `number` (checked when due);
+        `result`: that step's StepResult, whose stop_votes answer where it has them."""
+        if result is not None and result.stop_votes is not None:
+            return result.stop_votes > 0
         now = time.monotonic()
         step_seconds, self.last = (now - self.last if self.last else None), now
         if number < self.next_check:
