@@ -110,6 +110,23 @@ def test_exposed_communication_is_step_minus_independent_trainers_step():
     assert rows[("ps-sync", 2)]["compute_time_ms"] == pytest.approx(64.5)
 
 
+def test_on_hosts_that_share_this_machines_cores_the_compute_is_independent_trainers_at_the_same_n():
+    """At N = 4 on a simulated cluster (4 hosts, 2 cores), the N = 1 step is no bound: the
+    N trainers' compute contends for the cores. Across hosts of their own, the mode at N = 1."""
+    from ringtrain.bench import scaling
+    runs = {("ring", 1, 0): [summary("ring", 1, 1000, 0.050)], ("ring", 4, 0): [summary("ring", 4, 700, 0.090)],
+            ("independent", 1, 0): [summary("independent", 1, 1000, 0.051)],
+            ("independent", 4, 0): [summary("independent", 4, 750, 0.080)]}
+    site = {"label": "s", "across_hosts": True, "link_rate": "1gbit", "dilation": 1.0, "hosts": 4}
+    for shares, compute in ((True, 80.0), (False, 50.0)):
+        rows = {(r["mode"], r["workers"]): r for r in build(runs, dict(CFG, modes=["ring"]), FIT,
+                                                                site=dict(site, hosts_share_cores=shares))["rows"]}
+        assert rows[("ring", 4)]["compute_time_ms"] == pytest.approx(compute)
+    cfg = dict(CFG, modes=["ring"], np=[1, 4], num_ps=["1"])
+    assert ("independent", 4, 0) in scaling.configurations(cfg, across_hosts=True, hosts_share_cores=True)
+    assert ("independent", 4, 0) not in scaling.configurations(cfg, across_hosts=True)
+
+
 def test_alpha_beta_prediction_adds_what_the_exchange_does_not_hide():
     rows = {(r["mode"], r["workers"]): r for r in recorded_result()["rows"]}
     # 1.7 ms of allreduce hides behind 43 ms of backward (2/3 of the 64.5 ms compute), but for the first layer's

@@ -29,8 +29,10 @@ def test_scaling_on_a_simulated_cluster_it_builds_gives_every_column_and_bytes_m
                     "--simulate-gpu", "20", "--modes", "ring,ps-sync", *TINY, "--out", str(tmp_path)])
     result = json.loads((tmp_path / "2gbit-dilated2" / "scaling.json").read_text())
     rows = {(r["mode"], r["workers"]): r for r in result["rows"]}
-    assert set(rows) == {("ring", 1), ("ring", 2), ("ps-sync", 1), ("ps-sync", 2)}
-    for row in rows.values():
+    # (and the independent trainers, every row's compute: the simulated hosts share this machine's cores)
+    assert set(rows) == {(m, n) for m in ("ring", "ps-sync", "independent") for n in (1, 2)}
+    assert rows[("ring", 2)]["compute_time_ms"] == rows[("independent", 2)]["step_time_ms"]
+    for row in (r for (mode, _), r in rows.items() if mode != "independent"):
         assert set(CSV_KEYS) <= set(row)
         assert row["link_rate"] == "2gbit" and row["time_dilation"] == 2
         assert row["predicted_step_time_ms"] and row["total_images_per_sec"] > 0

@@ -24,15 +24,17 @@ def ps_counts(cfg, workers):
     return sorted({workers if p == "N" else int(p) for p in cfg["num_ps"]})
 
 
-def configurations(cfg, across_hosts):
+def configurations(cfg, across_hosts, hosts_share_cores=False):
     """(mode, N, P) of every run; `independent` (N trainers exchanging nothing)
-    is every row's compute baseline on one machine; across hosts that is the
-    same mode at N = 1, where nothing crosses a wire."""
+    is every row's compute baseline where the workers share this machine's
+    cores: on one machine, and on a simulated cluster, whose hosts are this
+    machine (the N trainers run on its first host; they need no link). Across
+    real hosts it is the same mode at N = 1, where nothing crosses a wire."""
     modes = list(cfg["modes"])
-    if not across_hosts and bench_modes.INDEPENDENT not in modes:
-        modes.append(bench_modes.INDEPENDENT)
     if across_hosts:
         modes = [m for m in modes if not bench_modes.one_machine(m)]
+    if (hosts_share_cores or not across_hosts) and bench_modes.INDEPENDENT not in modes:
+        modes.append(bench_modes.INDEPENDENT)
     out = []
     for n in cfg["np"]:
         for mode in modes:
@@ -161,7 +163,7 @@ def run(cfg, out_dir, log=print, site=None):
     # Rounds: every configuration once per round, so that a slow spell on a
     # shared machine hits one round of all of them, not all runs of one.
     for r in range(cfg.get("repeats", 1)):
-        for mode, n, p in configurations(cfg, site.across_hosts):
+        for mode, n, p in configurations(cfg, site.across_hosts, hosts_share_cores(site)):
             summaries.setdefault((mode, n, p), []).append(run_one(mode, n, p, cfg, out_dir, site, log, round_=r))
     result = build(summaries, cfg, fits.get("ring"), fits.get("ps"), site=site_facts(site, cfg),
                    environment=environment, tf_fit=fits.get("tf"))
@@ -170,10 +172,15 @@ def run(cfg, out_dir, log=print, site=None):
     return result
 
 
+def hosts_share_cores(site):
+    """A simulated cluster: every host is this machine."""
+    return site.cluster is not None
+
+
 def site_facts(site, cfg):
     return {"label": site.label, "across_hosts": site.across_hosts, "link_rate": site.link_rate,
             "dilation": site.dilation, "hosts": len(site.hosts) or 1,
-            "hosts_share_cores": site.cluster is not None,  # a simulated cluster: every host is this machine
+            "hosts_share_cores": hosts_share_cores(site),
             "simulated_gpu_ms": simulated_step_ms(cfg["model"], cfg.get("simulate_gpu_ms"))}
 
 

@@ -42,7 +42,7 @@ def row(summaries, mode, n, p, runs, cfg, fit, ps_fit, tf_fit, site, cores):
     windows = [w / share for s in runs for per_worker in s.get("window_images_per_sec", []) for w in per_worker]
     window_mean, ci = stats.mean_ci95(windows)
     step = median([mean(s.get("step_time_sec")) for s in runs])
-    compute = compute_seconds(summaries, mode, n, p, site["across_hosts"])
+    compute = compute_seconds(summaries, mode, n, p, site["across_hosts"] and not site.get("hosts_share_cores"))
     predicted = predicted_step_seconds(mode, runs[-1], compute, (tf_fit or fit) if bench_modes.exchange(mode) == "tf"
                                        else fit, ps_fit, site, cfg)
     comm = predicted - compute if predicted is not None else None
@@ -102,13 +102,19 @@ def base_key(summaries, mode, p):
     return None
 
 
-def compute_seconds(summaries, mode, n, p, across_hosts):
-    """The step without its exchange: on one machine, N independent trainers
-    at the same N; across hosts, the same mode on one host (nothing on a wire)."""
+def compute_seconds(summaries, mode, n, p, own_cores):
+    """The step without its exchange: where the workers share this machine's
+    cores (on one machine, or a simulated cluster), N independent trainers at
+    the same N, whose compute contends for the cores as the workers' does
+    (at N = 4 on 2 cores, the N = 1 step is no bound); across hosts of their
+    own, or a run without those trainers, the same mode on one host (nothing
+    on a wire)."""
     if mode == "independent":
         return None
-    key = base_key(summaries, mode, p) if across_hosts else ("independent", n, 0)
-    runs = summaries.get(key) if key else None
+    runs = None if own_cores else summaries.get(("independent", n, 0))
+    if not runs:
+        key = base_key(summaries, mode, p)
+        runs = summaries.get(key) if key else None
     return median([mean(s.get("step_time_sec")) for s in runs]) if runs else None
 
 
