@@ -270,3 +270,32 @@ def test_through_the_pipeline_workers_read_disjoint_shares_and_together_one_proc
         source.shard_by = "file"
         shares = [set().union(*(m for m, _ in updates(r, 2, 4, 1))) for r in range(2)]
         assert not shares[0] & shares[1] and shares[0] | shares[1] == every
+
+
+def test_each_epochs_iterator_is_opened_ahead_and_dropped_on_the_helper_thread():
+    """The training thread never makes or deletes an epoch's iterator (both stalled it
+    for seconds at an epoch's end, ranks sharing the cores): the helper does both."""
+    import itertools
+    import threading
+    from ringtrain.workloads import pipeline
+    where = {"opened": [], "dropped": []}
+
+    class Epoch:
+        def __init__(self, plan):
+            where["opened"].append(threading.current_thread().name)
+            self.items = iter(plan)
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self.items)
+
+        def __del__(self):
+            where["dropped"].append(threading.current_thread().name)
+
+    updates = pipeline._opened_ahead(iter([(0, 0, "ab"), (1, 1, "c"), (2, 0, "de"), (3, 0, "f")]), Epoch)
+    assert list(itertools.islice(updates, 4)) == [(0, 1, "a"), (0, 2, "b"), (1, 2, "c"), (2, 1, "d")]
+    updates.close()  # (the helper is done when its executor is)
+    assert where["opened"] and all(name.startswith("epoch-iterators") for name in where["opened"])
+    assert where["dropped"][:2] == [where["opened"][0]] * 2  # epochs 0 and 1, spent

@@ -20,6 +20,8 @@ EXIT_PREEMPTED = 75
 SMALL = ["--model", "mnist_cnn", "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.05", "--no-dropout",
          "--log-every", "10", "--checkpoint-every", "100000", *ONE_THREAD]
 STEPS = 300  # the job's length: the signal lands around step 40, whatever the machine's speed
+# (mpirun passes Ctrl-C on 5 s late, up to 250 steps; a PS task's flag stops training within a step or two)
+IN_GRAPH_STEPS = 120
 
 
 def stopped_line(log):
@@ -113,17 +115,18 @@ def test_sigterm_to_a_ps_task_stops_in_graph_training_and_the_resumed_run_ends_a
     ckpt, dump = tmp_path / "ckpt", str(tmp_path / "w-{rank}.npz")
     launch = [*PS_BASELINE, "launch", "--num-ps", "1", "--num-workers", "2", "--replication", "in-graph", *SMALL]
     with Tasks(str(tmp_path)) as tasks:
-        tasks.start("job", launch + ["--checkpoint-dir", str(ckpt), "--steps", str(STEPS)])
+        tasks.start("job", launch + ["--checkpoint-dir", str(ckpt), "--steps", str(IN_GRAPH_STEPS)])
         signal_at_step(tasks, "job", 40, lambda job: ps_task_0(job).send_signal(signal.SIGTERM))
         assert tasks.wait("job", 60) == EXIT_PREEMPTED, tasks.log("job")[-3000:]
         log = tasks.log("job")
     line = stopped_line(log)
     assert "ps task 0: SIGTERM: the job stops" in log and checkpoint_step(ckpt) == stopped_at(line)
     with Tasks(str(tmp_path)) as tasks:
-        tasks.start("resumed", launch + ["--checkpoint-dir", str(ckpt), "--steps", str(STEPS), "--resume",
+        tasks.start("resumed", launch + ["--checkpoint-dir", str(ckpt), "--steps", str(IN_GRAPH_STEPS), "--resume",
                                          "--dump-weights", dump])
         assert tasks.wait("resumed", 120) == 0, tasks.log("resumed")[-3000:]
-        tasks.start("whole", launch + ["--steps", str(STEPS), "--dump-weights", dump.replace("w-", "whole-")])
+        tasks.start("whole", launch + ["--steps", str(IN_GRAPH_STEPS),
+                                       "--dump-weights", dump.replace("w-", "whole-")])
         assert tasks.wait("whole", 120) == 0, tasks.log("whole")[-3000:]
     assert_same_weights(weights(dump, 0), weights(dump.replace("w-", "whole-"), 0))
 

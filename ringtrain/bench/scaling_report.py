@@ -107,8 +107,12 @@ def method(result):
                  f"each accelerator step {dilation:g}x longer; every time here is divided by {dilation:g} "
                  f"and every rate multiplied by it. ")
     if site.get("across_hosts"):
-        text += ("Compute ms is the same mode's step at N = 1, where nothing crosses a wire; wire bytes are "
-                 "what the hosts' interfaces sent per step. ")
+        independent = any(r["mode"] == "independent" for r in result["rows"])
+        text += (("Compute ms is `independent` at the same N: N single-rank trainers at once, exchanging nothing "
+                  "(the simulated hosts share this machine's cores, so the N = 1 step is no bound at larger N)"
+                  if site.get("hosts_share_cores") and independent else
+                  "Compute ms is the same mode's step at N = 1, where nothing crosses a wire")
+                 + "; wire bytes are what the hosts' interfaces sent per step. ")
     else:
         text += ("`independent` is N single-rank trainers at once with nothing exchanged: this machine's "
                  "ceiling for N processes. ")

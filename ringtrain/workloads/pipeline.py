@@ -122,42 +122,55 @@ def plans_from(source, rank, size, data, epoch, skip_updates=0):
 
 def batches_from(source, rank, size, data, epoch, skip_updates=0):
     """An eager worker's updates from a position on, epoch after epoch, without
-    end: (epoch, updates of that epoch done after this one, update).
-
-    A helper thread opens each epoch's iterator while the one before trains, and
-    drops the spent one: at an epoch's end, making and deleting tf.data iterators
-    on the training thread stalled it 0.3-2.5 s when ranks shared the cores."""
+    end: (epoch, updates of that epoch done after this one, update)."""
     import tensorflow as tf
-    from concurrent.futures import ThreadPoolExecutor
 
-    def opened(plans):
-        epoch, skip, plan = next(plans)
-        dataset = limit_threads(tf, epoch_dataset(tf, source, plan, data.batch_size, data.accumulate), data.threads)
-        return epoch, skip, iter(dataset)
-
-    plans = plans_from(source, rank, size, data, epoch, skip_updates)
-    with ThreadPoolExecutor(1, thread_name_prefix="epoch-iterators") as helper:
-        upcoming = helper.submit(opened, plans)
-        while True:
-            epoch, skip, iterator = upcoming.result()
-            upcoming = helper.submit(opened, plans)
-            for done, batch in enumerate(iterator, start=skip + 1):
-                yield epoch, done, batch
-            helper.submit(_drop, iterator)
-            del iterator  # (the helper holds the last reference, and deletes it there)
-
-
-def _drop(_):
-    """Nothing: the argument's last reference goes with the helper's work item."""
+    def opened(plan):
+        return iter(limit_threads(tf, epoch_dataset(tf, source, plan, data.batch_size, data.accumulate),
+                                  data.threads))
+    yield from _opened_ahead(plans_from(source, rank, size, data, epoch, skip_updates), opened)
 
 
 def numpy_batches_from(source, rank, size, data, epoch, skip_updates=0):
     """batches_from, as numpy, for a process in TF1's graph mode."""
-    for epoch, skip, plan in plans_from(source, rank, size, data, epoch, skip_updates):
-        build = lambda tf, plan=plan: limit_threads(tf, epoch_dataset(tf, source, plan, data.batch_size,
-                                                                      data.accumulate), data.threads)
-        for done, batch in enumerate(numpy_iterator(build, data.threads), start=skip + 1):
-            yield epoch, done, batch
+    def opened(plan):
+        build = lambda tf: limit_threads(tf, epoch_dataset(tf, source, plan, data.batch_size, data.accumulate),
+                                         data.threads)
+        return _started(numpy_iterator(build, data.threads))
+    yield from _opened_ahead(plans_from(source, rank, size, data, epoch, skip_updates), opened)
+
+
+def _opened_ahead(plans, open_epoch):
+    """(epoch, done, element) of each epoch's iterator, open_epoch(plan). A
+    helper thread opens each epoch's iterator while the one before trains, and
+    deletes the spent one: at an epoch's end, making and deleting tf.data
+    iterators on the training thread stalled it 0.3-2.5 s when ranks shared
+    the cores (DEVELOPERS.md 4.15)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ahead():
+        epoch, skip, plan = next(plans)
+        return epoch, skip, open_epoch(plan)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="epoch-iterators") as helper:
+        upcoming = helper.submit(ahead)
+        while True:
+            epoch, skip, iterator = upcoming.result()
+            upcoming = helper.submit(ahead)
+            for done, element in enumerate(iterator, start=skip + 1):
+                yield epoch, done, element
+            spent = [iterator]
+            del iterator
+            helper.submit(spent.clear)  # (its last reference goes there, whenever the helper runs it)
+
+
+def _started(generator):
+    """The generator, its first element already made (a graph and session
+    built, an iterator initialised), where this runs."""
+    import itertools
+    for first in generator:
+        return itertools.chain([first], generator)
+    return iter(())
 
 
 def numpy_iterator(build, threads=0):
