@@ -139,7 +139,7 @@ def make_train_step(hvd, horovod, model, optimizer, statistics=(), loss_scale=No
         # rank's batch, averaged over the ranks while backprop runs: every rank holds one model.
         # (One flat tensor: a grouped allreduce of ResNet-50's 106 cost 7-10 % of its step.)
         flat = hvd.allreduce(tf.concat([tf.reshape(v, [-1]) for v in statistics], 0), op=hvd.Average,
-                             name="moving_statistics")
+                             name=horovod_op_name("moving_statistics"))
         for variable, mean in zip(statistics, tf.split(flat, [int(np.prod(v.shape)) for v in statistics])):
             variable.assign(tf.reshape(mean, variable.shape))
 
@@ -152,7 +152,7 @@ def make_train_step(hvd, horovod, model, optimizer, statistics=(), loss_scale=No
     def train_step(images, labels, weights, global_count, lr, vote):
         # Horovod: every rank's stop vote summed as the step starts, while it computes (a signal
         # stops every rank after the same step: workloads/preemption.py)
-        votes = hvd.allreduce(vote, op=hvd.Sum, name="stop_votes")
+        votes = hvd.allreduce(vote, op=hvd.Sum, name=horovod_op_name("stop_votes"))
         optimizer.learning_rate.assign(lr)
         # Horovod: divide by the global batch's mean per-rank share, not the local
         # count, so that averaging over ranks gives exactly the global batch's gradient.
@@ -168,6 +168,12 @@ def make_train_step(hvd, horovod, model, optimizer, statistics=(), loss_scale=No
             return loss_sum, samples, tf.identity(applied), tf.identity(overflow), votes
 
     return train_step
+
+
+def horovod_op_name(what):
+    """A name for a Horovod op in the step's graph. Its failure (a lost rank) reaches --elastic as
+    HorovodInternalError only if "Horovod" is in the failing node's name (patches/, 0007)."""
+    return f"HorovodAllreduce_{what}"
 
 
 def grouped_allreduce(hvd, grads, op, compression):
