@@ -272,6 +272,29 @@ def test_through_the_pipeline_workers_read_disjoint_shares_and_together_one_proc
         assert not shares[0] & shares[1] and shares[0] | shares[1] == every
 
 
+@pytest.mark.slow
+def test_a_graph_mode_iterator_closes_its_session_when_dropped_not_when_it_runs_out():
+    """Closing a TF1 session waits for tf.data's threads (seconds, at an epoch's end, with
+    processes sharing the cores): the graph-mode PS's epoch iterator keeps its session open
+    when it runs out, so that the helper thread that drops it is the one that closes it."""
+    import sys
+    from helpers import run
+    script = """if True:
+        import weakref
+        import tensorflow as tf
+        tf.compat.v1.disable_eager_execution()
+        from ringtrain.workloads.pipeline import numpy_iterator
+        iterator = numpy_iterator(lambda tf: tf.data.Dataset.range(3), threads=1)
+        assert [int(e) for e in iterator] == [0, 1, 2] and list(iterator) == []
+        assert not iterator.session._closed, "closed as it ran out"
+        session = weakref.ref(iterator.session)
+        del iterator
+        assert session() is None, "its session outlived it"
+        print("closed when dropped")"""
+    done = run([sys.executable, "-c", script], timeout=120)
+    assert done.returncode == 0 and "closed when dropped" in done.stdout, done.stdout + done.stderr
+
+
 def test_each_epochs_iterator_is_opened_ahead_and_dropped_on_the_helper_thread():
     """The training thread never makes or deletes an epoch's iterator (both stalled it
     for seconds at an epoch's end, ranks sharing the cores): the helper does both."""

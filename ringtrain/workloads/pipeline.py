@@ -136,7 +136,7 @@ def numpy_batches_from(source, rank, size, data, epoch, skip_updates=0):
     def opened(plan):
         build = lambda tf: limit_threads(tf, epoch_dataset(tf, source, plan, data.batch_size, data.accumulate),
                                          data.threads)
-        return _started(numpy_iterator(build, data.threads))
+        return numpy_iterator(build, data.threads)
     yield from _opened_ahead(plans_from(source, rank, size, data, epoch, skip_updates), opened)
 
 
@@ -164,37 +164,48 @@ def _opened_ahead(plans, open_epoch):
             helper.submit(spent.clear)  # (its last reference goes there, whenever the helper runs it)
 
 
-def _started(generator):
-    """The generator, its first element already made (a graph and session
-    built, an iterator initialised), where this runs."""
-    import itertools
-    for first in generator:
-        return itertools.chain([first], generator)
-    return iter(())
-
-
 def numpy_iterator(build, threads=0):
     """The elements of build(tf)'s dataset as numpy: eagerly where TF executes
     eagerly, else in a graph and a session of its own (TF1's graph mode)."""
     import tensorflow as tf
     if tf.executing_eagerly():
-        yield from build(tf).as_numpy_iterator()
-        return
-    with tf.Graph().as_default() as graph:
-        iterator = tf.compat.v1.data.make_initializable_iterator(build(tf))
-        element, start = iterator.get_next(), [iterator.initializer, tf.compat.v1.tables_initializer()]
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
-    # (not the default session: the towers of in-graph replication iterate theirs by turns)
-    session = tf.compat.v1.Session(graph=graph, config=config)
-    try:
-        session.run(start)
-        while True:
-            try:
-                yield session.run(element)
-            except tf.errors.OutOfRangeError:
-                return
-    finally:
-        session.close()
+        return build(tf).as_numpy_iterator()
+    return GraphIterator(tf, build, threads)
+
+
+class GraphIterator:
+    """A dataset's elements as numpy from a graph and a session of its own, the
+    first one read as it is made (where it is made). The session closes when
+    the iterator is dropped, not when it runs out: closing waits for tf.data's
+    threads, and it held the training thread over 6 s at an epoch's end when
+    processes shared the cores (DEVELOPERS.md 4.15)."""
+
+    def __init__(self, tf, build, threads):
+        with tf.Graph().as_default() as graph:
+            iterator = tf.compat.v1.data.make_initializable_iterator(build(tf))
+            self.element, start = iterator.get_next(), [iterator.initializer, tf.compat.v1.tables_initializer()]
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
+        # (not the default session: the towers of in-graph replication iterate theirs by turns)
+        self.session = tf.compat.v1.Session(graph=graph, config=config)  # (its __del__ closes it)
+        self.out_of_range = tf.errors.OutOfRangeError
+        self.session.run(start)
+        self.ahead = self._read()
+
+    def _read(self):
+        try:
+            return [self.session.run(self.element)]
+        except self.out_of_range:
+            return []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if not self.ahead:
+            raise StopIteration
+        element, = self.ahead
+        self.ahead = self._read()
+        return element
 
 
 def eval_dataset(tf, source, rank, size, batch_size=EVAL_BATCH):
