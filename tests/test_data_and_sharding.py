@@ -297,14 +297,21 @@ def test_a_graph_mode_iterator_closes_its_session_when_dropped_not_when_it_runs_
 
 def test_each_epochs_iterator_is_opened_ahead_and_dropped_on_the_helper_thread():
     """The training thread never makes or deletes an epoch's iterator (both stalled it
-    for seconds at an epoch's end, ranks sharing the cores): the helper does both."""
+    for seconds at an epoch's end, ranks sharing the cores): the helper does both. When
+    training ends, the epoch being read and the one being opened are dropped there too,
+    and the training thread does not wait for the opening."""
     import itertools
     import threading
     from ringtrain.workloads import pipeline
     where = {"opened": [], "dropped": []}
+    opening, release, order = threading.Event(), threading.Event(), []
 
     class Epoch:
         def __init__(self, plan):
+            if plan == "f":  # (the epoch after the last one read: still opening when training ends)
+                opening.set()
+                release.wait(30)
+                order.append("opened after the end")
             where["opened"].append(threading.current_thread().name)
             self.items = iter(plan)
 
@@ -319,6 +326,13 @@ def test_each_epochs_iterator_is_opened_ahead_and_dropped_on_the_helper_thread()
 
     updates = pipeline._opened_ahead(iter([(0, 0, "ab"), (1, 1, "c"), (2, 0, "de"), (3, 0, "f")]), Epoch)
     assert list(itertools.islice(updates, 4)) == [(0, 1, "a"), (0, 2, "b"), (1, 2, "c"), (2, 1, "d")]
-    updates.close()  # (the helper is done when its executor is)
-    assert where["opened"] and all(name.startswith("epoch-iterators") for name in where["opened"])
-    assert where["dropped"][:2] == [where["opened"][0]] * 2  # epochs 0 and 1, spent
+    assert opening.wait(30)
+    updates.close()  # training ends
+    order.append("training ended")
+    release.set()
+    for thread in threading.enumerate():
+        if thread.name.startswith("epoch-iterators"):
+            thread.join(30)
+    assert order == ["training ended", "opened after the end"]
+    assert len(where["opened"]) == 4 and all(name.startswith("epoch-iterators") for name in where["opened"])
+    assert where["dropped"] == [where["opened"][0]] * 4  # epochs 0 and 1 spent, 2 being read, 3 opened

@@ -4,6 +4,7 @@ one line (or warns, naming why not), and removes the namespace afterwards.
 Checked from the bind addresses (`ss`); nothing is sent anywhere."""
 import os
 import re
+import signal
 import subprocess
 
 import pytest
@@ -29,8 +30,9 @@ def netns_names():
 @pytest.mark.skipif(os.geteuid() != 0, reason="a private network namespace needs root")
 def test_launch_keeps_its_grpc_servers_off_every_interface_but_a_private_loopback(tmp_path):
     with Tasks(str(tmp_path)) as tasks:
-        tasks.start("launch", [*PS_BASELINE, "launch", "--num-ps", "1", "--num-workers", "2", "--sync",
-                               "--model", "mnist_mlp", "--steps", "100000", "--log-every", "20", *ONE_THREAD])
+        launch = tasks.start("launch", [*PS_BASELINE, "launch", "--num-ps", "1", "--num-workers", "2", "--sync",
+                                        "--model", "mnist_mlp", "--steps", "100000", "--log-every", "20",
+                                        *ONE_THREAD])
         tasks.wait_for_text("launch", at_own_step(0, 20), 150)
         log = tasks.log("launch")
         ports = {int(p) for p in re.findall(r"(?:ps|worker)\d+ at localhost:(\d+)", log)}
@@ -42,6 +44,8 @@ def test_launch_keeps_its_grpc_servers_off_every_interface_but_a_private_loopbac
         assert [line.split(":")[1].strip() for line in links.splitlines()] == ["lo"], links
         # outside, on this machine's own interfaces, nothing listens on those ports
         assert not ports & listening_ports()
+        launch.popen.send_signal(signal.SIGTERM)  # (the launcher alone: it stops its tasks, then its namespace)
+        tasks.wait("launch", 120)
     assert name not in netns_names()  # removed with the launcher
 
 

@@ -145,23 +145,32 @@ def _opened_ahead(plans, open_epoch):
     helper thread opens each epoch's iterator while the one before trains, and
     deletes the spent one: at an epoch's end, making and deleting tf.data
     iterators on the training thread stalled it 0.3-2.5 s when ranks shared
-    the cores (DEVELOPERS.md 4.15)."""
+    the cores (DEVELOPERS.md 4.15). When training ends (this generator closed),
+    the epoch being read and the one being opened go to the helper as well,
+    and nobody waits for it."""
     from concurrent.futures import ThreadPoolExecutor
 
     def ahead():
         epoch, skip, plan = next(plans)
         return epoch, skip, open_epoch(plan)
 
-    with ThreadPoolExecutor(1, thread_name_prefix="epoch-iterators") as helper:
-        upcoming = helper.submit(ahead)
+    helper = ThreadPoolExecutor(1, thread_name_prefix="epoch-iterators")
+    upcoming, iterator = helper.submit(ahead), None
+    try:
         while True:
             epoch, skip, iterator = upcoming.result()
             upcoming = helper.submit(ahead)
             for done, element in enumerate(iterator, start=skip + 1):
                 yield epoch, done, element
             spent = [iterator]
-            del iterator
+            iterator = None
             helper.submit(spent.clear)  # (its last reference goes there, whenever the helper runs it)
+    finally:
+        upcoming.cancel()  # (if not begun)
+        spent = [iterator, upcoming]
+        iterator = upcoming = None
+        helper.submit(spent.clear)
+        helper.shutdown(wait=False)
 
 
 def numpy_iterator(build, threads=0):
