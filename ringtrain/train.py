@@ -172,7 +172,8 @@ def make_train_step(hvd, horovod, model, optimizer, statistics=(), loss_scale=No
 
 def horovod_op_name(what):
     """A name for a Horovod op in the step's graph. Its failure (a lost rank) reaches --elastic as
-    HorovodInternalError only if "Horovod" is in the failing node's name (patches/, 0007)."""
+    HorovodInternalError only if "Horovod" is in the failing node's name (elastic.py's wrapper,
+    and hvd.elastic.run with patch 0007, read the error's message for it)."""
     return f"HorovodAllreduce_{what}"
 
 
