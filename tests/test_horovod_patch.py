@@ -63,3 +63,15 @@ def test_both_loops_train_the_same_identical_ranks(tmp_path):
         assert_same_weights(weights(dumps[loop], 0), weights(dumps[loop], 1), exact=True)
     # two ranks: every sum is a + b whichever round carried it, so the loops agree exactly
     assert_same_weights(weights(dumps["event"], 0), weights(dumps["upstream"], 0), exact=True)
+
+
+def test_horovodruns_build_checks_answer_without_importing_tensorflow():
+    """Patch 0009: mpi_built() and gloo_built(), which every horovodrun asks before
+    it launches, read the extension's C++ library with TF's C++ libraries only; the
+    child that imported TensorFlow for them took 5-12 s of each launch here."""
+    probe = ("import sys; from horovod.common import util\n"
+             "basics = util._basics_without_framework('tensorflow')\n"
+             "print(basics is not None and basics.mpi_built(), basics is not None and basics.gloo_built(),\n"
+             "      'tensorflow' in sys.modules, util.mpi_built(), util.gloo_built())")
+    out = run_ok([os.path.join(BIN, "python"), "-c", probe], timeout=120, env=ENV)
+    assert out.split() == ["True", "True", "False", "True", "True"], out
