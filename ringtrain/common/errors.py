@@ -80,7 +80,22 @@ def exit_now(code):
     import sys
     sys.stdout.flush()
     sys.stderr.flush()
+    _remove_generated_code()
     os._exit(code or 0)
+
+
+def _remove_generated_code():
+    """What the atexit hooks that os._exit skips would delete: the file AutoGraph
+    wrote for each function it converted (TF's own too: a checkpoint's save under
+    ParameterServerStrategy), a module in sys.modules named after it."""
+    import os
+    import sys
+    for name, module in list(sys.modules.items()):
+        if name.startswith("__autograph_generated_file"):
+            try:
+                os.remove(module.__file__)
+            except (AttributeError, TypeError, OSError):
+                pass
 
 
 def launched_rank():

@@ -11,6 +11,7 @@ over every worker), K micro-batches of b (--accumulate K)."""
 import numpy as np
 
 from ringtrain.workloads.sharding import epoch_plan, eval_shard
+from ringtrain.workloads.tfenv import data_function
 
 EVAL_BATCH = 256
 
@@ -42,7 +43,7 @@ def samples(tf, split, records, shape):
     def sample(*item):
         image, label = split.decode(tf, shape[-1], *item)
         return to_model_input(tf, image, shape), tf.cast(label, tf.int32)
-    return records.map(sample, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return records.map(data_function(sample), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def decoded_batches(tf, split, records, shape, batch_size):
@@ -59,7 +60,7 @@ def decoded_batches(tf, split, records, shape, batch_size):
         images = tf.map_fn(lambda one: to_model_input(tf, split.decode_image(tf, shape[-1], one), shape), encoded,
                            fn_output_signature=tf.TensorSpec(shape, tf.float32))
         return images, labels
-    return records.batch(batch_size).map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return records.batch(batch_size).map(data_function(batch), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def epoch_dataset(tf, source, plan, batch_size, accumulate):
@@ -69,13 +70,13 @@ def epoch_dataset(tf, source, plan, batch_size, accumulate):
         ids = np.concatenate([plan.ids, np.zeros(plan.padding, plan.ids.dtype)])
         weights = np.concatenate([np.ones(plan.real, np.float32), np.zeros(plan.padding, np.float32)])
         micro = split.batches(tf, ids, weights, batch_size).map(
-            lambda images, labels, w: (to_model_input(tf, images, shape), labels, w))
+            data_function(lambda images, labels, w: (to_model_input(tf, images, shape), labels, w)))
     else:
         micro = _decoded(tf, source, plan, batch_size)
     counts = tf.data.Dataset.from_tensor_slices(plan.update_counts.astype(np.float32))
     # (every update has K whole micro-batches, padding included: shapes known when traced)
     return tf.data.Dataset.zip((micro.batch(accumulate, drop_remainder=True), counts)).map(
-        lambda m, count: (*m, count)).prefetch(tf.data.AUTOTUNE)
+        data_function(lambda m, count: (*m, count))).prefetch(tf.data.AUTOTUNE)
 
 
 def _decoded(tf, source, plan, batch_size):
@@ -95,7 +96,7 @@ def _decoded(tf, source, plan, batch_size):
         weights = tf.concat([tf.ones_like(labels, tf.float32), tf.zeros([short])], 0)
         return (tf.ensure_shape(tf.pad(images, [[0, short], [0, 0], [0, 0], [0, 0]]), [batch_size, *shape]),
                 tf.ensure_shape(tf.pad(labels, [[0, short]]), [batch_size]), tf.ensure_shape(weights, [batch_size]))
-    real = decoded_batches(tf, split, records, shape, batch_size).map(filled)
+    real = decoded_batches(tf, split, records, shape, batch_size).map(data_function(filled))
     empty = (tf.zeros([batch_size, *shape]), tf.zeros([batch_size], tf.int32), tf.zeros([batch_size]))
     left = plan.padding - (-plan.real % batch_size)  # (what the last real batch's filling leaves)
     return real.concatenate(tf.data.Dataset.from_tensors(empty).repeat(left // batch_size))

@@ -64,6 +64,16 @@ def step_function(fn=None, **options):
     return tf.function(fn, autograph=False, **options)
 
 
+def data_function(fn):
+    """fn for tf.data's map (or a dataset function TF traces), traced without
+    AutoGraph too: it branches on shapes and dtypes, on tensors with tf.cond.
+    AutoGraph converted it and each function it calls, and wrote each one to a
+    file in the temp folder that its atexit hook deletes: a process ends by
+    os._exit (errors.exit_now), so they stayed."""
+    import tensorflow as tf
+    return tf.autograph.experimental.do_not_convert(fn)
+
+
 def set_threads(threads):
     """Pin TF's intra- and inter-op pools; 0 keeps TF's defaults."""
     import tensorflow as tf
