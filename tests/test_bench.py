@@ -160,6 +160,11 @@ def test_tf_collective_hides_nothing_behind_backprop_and_is_set_against_horovod(
     assert rows[("tf-collective", 2)]["predicted_step_time_ms"] == pytest.approx(64.5 + 1.0 + 12.0)
     assert rows[("ring", 2)]["predicted_step_time_ms"] == pytest.approx(RING_AB_MS)
     assert "TF collective rows: TF's own ring all-reduce (tf-ring): α = 500.0 us" in scaling_report.markdown(result)
+    # TF's rows alone (`--modes tf-collective`): the model's layers are read for them too
+    alone = {key: runs for key, runs in summaries.items() if key[0] != "ring"}
+    cfg = dict({k: v for k, v in CFG.items() if k != "layer_bytes"}, modes=["tf-collective"])
+    rows = {(r["mode"], r["workers"]): r for r in build(alone, cfg, FIT, tf_fit=tf_fit)["rows"]}
+    assert rows[("tf-collective", 2)]["predicted_step_time_ms"] == pytest.approx(64.5 + 1.0 + 12.0)
     # the predicted ratio (77.5 / 64.6) is the overlap (66.2 / 64.6: TF's exchange, here a run before its
     # buckets: one all-reduce after backprop, on Horovod's fit) times the transport (77.5 / 66.2: TF's ring
     # against the fit Horovod's rows use)

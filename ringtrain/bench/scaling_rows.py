@@ -18,7 +18,7 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None, tf_fit=
     site = site or {"label": "this machine", "across_hosts": False, "link_rate": None, "dilation": 1.0,
                     "hosts": 1}
     cores = cfg.get("cores") or usable_cores()
-    if any(bench_modes.is_ring(mode) for mode, _, _ in summaries) and not cfg.get("layer_bytes"):
+    if any(bench_modes.all_reduces(mode) for mode, _, _ in summaries) and not cfg.get("layer_bytes"):
         cfg = dict(cfg, layer_bytes=layer_bytes(cfg["model"]))
     rows = [row(summaries, mode, n, p, runs, cfg, fit, ps_fit, tf_fit, site, cores)
             for (mode, n, p), runs in summaries.items()]
