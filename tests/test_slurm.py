@@ -79,8 +79,19 @@ def output(folder, job):
 def completed(cluster, job, folder, timeout=240):
     final, text = wait_for_end(cluster, job, folder, timeout)
     assert final == "COMPLETED", (f"job {job} ended {final}:\n{text[-4000:]}\n"
-                                  + on_h1(cluster, ["scontrol", "show", "job", job], "/"))
+                                  + on_h1(cluster, ["scontrol", "show", "job", job], "/") + daemon_lines(cluster, job))
     return text
+
+
+def daemon_lines(cluster, job):
+    """What slurmctld and each slurmd logged about a job: why it ended as it did."""
+    found = []
+    for name in ["ctld", *(host.name for host in cluster.hosts)]:
+        path = os.path.join(slurm.state_dir(cluster), name, "slurmctld.log" if name == "ctld" else "slurmd.log")
+        if os.path.exists(path):
+            with open(path, errors="replace") as f:
+                found += [f"{name}: {line.rstrip()}" for line in f if re.search(rf"\b{job}\b", line)]
+    return "\n".join(found[-60:])
 
 
 def job_processes(cluster):
@@ -236,8 +247,11 @@ def test_scancel_signal_stops_a_job_which_requeues_itself_and_ends_as_if_never_s
         wait_for_output(nodes, job, tmp_path, r"requeueing it")
         seconds = time.monotonic() - signalled
         print(f"{script}: from scancel --signal to the requeue line: {seconds:.1f} s")  # (shown with pytest -s)
-        # SLURM holds a requeued job back for two minutes (its BeginTime); the test need not wait them
+        # SLURM holds a requeued job back for two minutes (its BeginTime); the test need not wait them, but
+        # its first run (slurmstepd too) must be gone from every node first, as those minutes make sure: made
+        # eligible at once, a requeued TF collective job once ended FAILED without running again (RunTime 0)
         wait_until(lambda: "Reason=BeginTime" in on_h1(nodes, ["scontrol", "show", "job", "-o", job], "/"), 60)
+        assert not (left := jobs_left_after(nodes, 60)), left
         on_h1(nodes, ["scontrol", "update", f"JobId={job}", "StartTime=now"], tmp_path)
         text = completed(nodes, job, tmp_path, timeout=300)
         assert tasks.wait("whole", 240) == 0, tasks.log("whole")[-3000:]
