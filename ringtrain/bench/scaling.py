@@ -84,7 +84,7 @@ def command(mode, workers, num_ps, cfg, batch, summary, site, workdir):
     hosts = site.host_list(workers) if site.across_hosts else None
     if mode == "ring-gloo":
         return launch.horovodrun(workers, trainer, gloo=True, hosts=hosts)
-    # plain mpirun: the same ranks as horovodrun's, without its ~8 s of start-up checks
+    # plain mpirun: the same ranks as horovodrun's, without its launcher's own start-up
     return launch.mpirun(workers, trainer, usable_cores(), hosts=hosts)
 
 
