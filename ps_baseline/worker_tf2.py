@@ -173,7 +173,6 @@ def per_worker_dataset(tf, config, source, num_workers, per_epoch, worker_steps)
     tf.distribute.coordinator.experimental_get_current_worker_index(), and reads
     the one of the workers' datasets that is its own."""
     from ringtrain.workloads.pipeline import epoch_dataset
-    from ringtrain.workloads.tfenv import data_function
     data, loop_ = config.data, config.loop
     if source.train.in_memory:
         source.train.keep_as_tensors(tf)  # (one copy, captured by the function, not each epoch's share)
@@ -203,8 +202,7 @@ def per_worker_dataset(tf, config, source, num_workers, per_epoch, worker_steps)
         factor = tf.data.Dataset.from_tensor_slices(tf.gather(extra, worker)).repeat()
         return tf.data.Dataset.zip((batches, factor, tf.data.Dataset.from_tensors(worker).repeat()))
 
-    # (create_per_worker_dataset traces it as a tf.function: without AutoGraph, as the pipeline's own)
-    return data_function(lambda: tf.distribute.get_strategy().distribute_datasets_from_function(dataset_fn))
+    return lambda: tf.distribute.get_strategy().distribute_datasets_from_function(dataset_fn)
 
 
 def make_worker_step(tf, strategy, state, num_workers):

@@ -65,11 +65,11 @@ def step_function(fn=None, **options):
 
 
 def data_function(fn):
-    """fn for tf.data's map (or a dataset function TF traces), traced without
+    """One of the pipeline's own functions for tf.data's map, traced without
     AutoGraph too: it branches on shapes and dtypes, on tensors with tf.cond.
-    AutoGraph converted it and each function it calls, and wrote each one to a
-    file in the temp folder that its atexit hook deletes: a process ends by
-    os._exit (errors.exit_now), so they stayed."""
+    (AutoGraph converted it and each function it calls, on each trace.) Not
+    for a whole dataset function: a user's own map functions inside it would
+    lose AutoGraph, which they may need, as they keep it in every mode."""
     import tensorflow as tf
     return tf.autograph.experimental.do_not_convert(fn)
 
