@@ -86,8 +86,7 @@ def completed(cluster, job, folder, timeout=240):
 def daemon_lines(cluster, job):
     """What slurmctld and each slurmd logged about a job: why it ended as it did."""
     found = []
-    for name in ["ctld", *(host.name for host in cluster.hosts)]:
-        path = os.path.join(slurm.state_dir(cluster), name, "slurmctld.log" if name == "ctld" else "slurmd.log")
+    for name, path in slurm.log_files(cluster).items():
         if os.path.exists(path):
             with open(path, errors="replace") as f:
                 found += [f"{name}: {line.rstrip()}" for line in f if re.search(rf"\b{job}\b", line)]

@@ -63,6 +63,14 @@ def state_dir(cluster):
     return os.path.join(cluster.state_dir, "slurm")
 
 
+def log_files(cluster):
+    """{daemon's place: its log} as conf_text names them: "ctld" for slurmctld, each
+    host's name for its slurmd."""
+    state = state_dir(cluster)
+    return {"ctld": os.path.join(state, "ctld", "slurmctld.log"),
+            **{h.name: os.path.join(state, h.name, "slurmd.log") for h in cluster.hosts}}
+
+
 def prepare(cluster):
     """Before the hosts' sshds start (their mount namespaces bind these
     folders): each host's /etc/slurm and /etc/munge, with the config and key."""
@@ -166,7 +174,7 @@ def start(cluster, log=print):
         return states and all(s.startswith("idle") for s in states.values()) and len(states) == len(cluster.hosts)
 
     try:
-        _wait(all_idle, "slurmctld and every slurmd", os.path.join(state, "ctld", "slurmctld.log"))
+        _wait(all_idle, "slurmctld and every slurmd", log_files(cluster)["ctld"])
     except UsageError:
         late = ", ".join(f"{h.name} {states.get(h.name, 'unknown')}" for h in cluster.hosts
                          if not states.get(h.name, "").startswith("idle"))
