@@ -13,6 +13,7 @@ from ringtrain.workloads.horovod_env import CPU_OPERATIONS, HOROVOD_LOOPS, MPI_A
 COMMUNICATIONS = ("RING", "AUTO", "NCCL")  # tf.distribute.experimental.CommunicationImplementation
 from ringtrain.workloads.outputs import check_outputs
 from ringtrain.workloads.preemption import PREEMPTION
+from ringtrain.workloads.straggler import check as check_straggler
 
 EXAMPLES = """examples:
   horovodrun -np 2 ringtrain --model mnist_cnn --epochs 5
@@ -138,6 +139,7 @@ def check_backend(args):
 def validate(args):
     check_backend(args)
     check_outputs(args)  # before the training, not at its first save
+    check_straggler(args.straggler, launched_size() or 1)  # now, not seconds later once Horovod or TF has started
     if args.elastic and os.environ.get("HOROVOD_ELASTIC") != "1":
         raise UsageError("--elastic runs under horovodrun's elastic mode: horovodrun --gloo -np N --min-np M "
                          "--max-np X --host-discovery-script S ringtrain --elastic ...")

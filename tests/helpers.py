@@ -103,6 +103,13 @@ def assert_one_line_error(cmd, expected, within=10, code=None, **kw):
     return lines[0]
 
 
+def assert_said_once_by_the_job(done, expected):
+    """A job of ranks failed, and one line of all its ranks' output says why."""
+    assert done.returncode != 0
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "ringtrain: error:" in line]
+    assert len(said) == 1 and expected in said[0], done.stdout + done.stderr
+
+
 def horovodrun(np_, *args, gloo=False, hosts=None):
     where = ["-H", hosts] if hosts else []
     return [os.path.join(BIN, "horovodrun"), "-np", str(np_), *where, *(["--gloo"] if gloo else []),

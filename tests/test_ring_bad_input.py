@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from datafiles import write_cifar10, write_mnist_idx
-from helpers import ONE_THREAD, Tasks, assert_one_line_error, horovodrun, run
+from helpers import ONE_THREAD, Tasks, assert_one_line_error, assert_said_once_by_the_job, horovodrun, run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -102,13 +102,6 @@ def test_a_bad_dataset_on_two_ranks_is_said_once_not_once_per_rank(gloo):
     cmd = horovodrun(2, "--data-dir", "/nonexistent/mnist", gloo=True) if gloo else \
         mpirun(2, "--data-dir", "/nonexistent/mnist")
     assert_said_once_by_the_job(run(cmd, timeout=60), "/nonexistent/mnist")
-
-
-def assert_said_once_by_the_job(done, expected):
-    """A job of ranks failed, and one line of all its ranks' output says why."""
-    assert done.returncode != 0
-    said = [line for line in (done.stdout + done.stderr).splitlines() if "ringtrain: error:" in line]
-    assert len(said) == 1 and expected in said[0], done.stdout + done.stderr
 
 
 def test_a_batch_larger_than_the_dataset_is_refused():

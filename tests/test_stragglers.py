@@ -13,7 +13,8 @@ import os
 import numpy as np
 import pytest
 
-from helpers import ONE_THREAD, PS_BASELINE, assert_one_line_error, last_json, run_bench, run_ok
+from helpers import (ONE_THREAD, PS_BASELINE, assert_one_line_error, assert_said_once_by_the_job, last_json, mpirun, run,
+                     run_bench, run_ok)
 from ringtrain.workloads import snapshots
 from ringtrain.workloads.straggler import Straggler, parse
 
@@ -39,6 +40,10 @@ def test_only_the_stragglers_own_every_eth_step_waits():
 
 def test_a_straggler_rank_outside_the_job_is_one_line():
     assert_one_line_error(["ringtrain", "--straggler", "1:3", "--steps", "2"], "no rank 1 among 1", code=2)
+    # under a launcher too, before TF loads: the size is the launcher's
+    done = run(mpirun(2, "--straggler", "2:3", "--steps", "2"), timeout=60)
+    assert_said_once_by_the_job(done, "no rank 2 among 2")
+    assert done.seconds < 10, f"took {done.seconds:.1f}s"
     assert_one_line_error([*PS_BASELINE, "launch", "--num-workers", "2", "--straggler", "2:3", "--steps", "2"],
                           "no worker task 2 among 2", code=2)
     assert_one_line_error([*PS_BASELINE, "towers", "--towers", "2", "--straggler", "5:3", "--steps", "2"],

@@ -47,7 +47,11 @@ def one_line(error):
 def run_cli(prog, main, argv=None, exit_at_once=False):
     """Run main(argv); a UsageError becomes one line on stderr and exit 2.
     exit_at_once: end the process as soon as main returns (exit_now)."""
+    import faulthandler
     import sys
+    # A crash in native code (TF, Horovod, MPI) prints every thread's Python stack
+    # before the launcher names the signal; OpenMPI keeps this handler, not its own.
+    faulthandler.enable(all_threads=True)
     try:
         code = main(argv)
         return exit_now(code) if exit_at_once else code
@@ -108,10 +112,10 @@ def launched_rank():
 
 
 def launched_size():
-    """How many ranks mpirun or horovodrun started (TF_CONFIG's workers), else None."""
+    """How many ranks mpirun, horovodrun or srun started (TF_CONFIG's workers), else None."""
     import json
     import os
-    for name in ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE"):
+    for name in ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"):
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     try:
