@@ -1,7 +1,8 @@
 """No silent hang: a frozen chief (SIGSTOP: alive, holding its sockets,
 answering TCP connects, doing nothing) is named by the others, and the job
 ends within --stall-timeout plus a margin; so is a TF collective worker that
-is killed where no launcher ends the job."""
+is killed where no launcher ends the job; a rank that crashes in native code
+prints its Python stacks."""
 import os
 import signal
 import time
@@ -9,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from helpers import BIN, ONE_THREAD, Tasks, descendant
+from helpers import BIN, ONE_THREAD, Tasks, descendant, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 STALL = 8      # --stall-timeout in these tests
@@ -69,3 +70,18 @@ def test_a_killed_tf_collective_worker_launched_by_tf_config_is_named_and_the_jo
     lines = [line for line in log.splitlines() if "ringtrain: error:" in line]
     assert len(lines) == 1 and "Traceback" not in log, log[-3000:]
     assert f"worker 1 at {workers[1]} stopped answering" in lines[0] and "--resume" in lines[0], lines
+
+
+def test_a_crash_in_native_code_prints_every_threads_python_stack_and_mpirun_names_the_rank():
+    """A segfault inside MPI, TF or Horovod: the rank's Python stacks come first
+    (faulthandler, which MPI_Init leaves in place), then mpirun names the rank."""
+    script = ("import ctypes\nfrom ringtrain.common.errors import run_cli\n"
+              "def crash(argv):\n"
+              "    ctypes.CDLL('libmpi.so.40', mode=ctypes.RTLD_GLOBAL).MPI_Init(None, None)\n"
+              "    ctypes.string_at(0)\n"
+              "run_cli('crash', crash)\n")
+    done = run(["mpirun", "-np", "1", "-x", "PATH", os.path.join(BIN, "python"), "-c", script], timeout=60)
+    assert done.returncode != 0
+    assert "Fatal Python error: Segmentation fault" in done.stderr, done.stderr[-2000:]
+    assert 'line 5 in crash' in done.stderr, done.stderr[-2000:]
+    assert "rank 0" in done.stderr and "signal 11" in done.stderr, done.stderr[-2000:]
