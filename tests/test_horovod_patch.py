@@ -1,6 +1,8 @@
-"""Ringtrain's Horovod patches: the event-driven background loop (0004) and
-Keras 3 support (0002, 0005), under real mpirun and horovodrun --gloo."""
+"""Ringtrain's Horovod patches: the event-driven background loop (0004),
+Keras 3 support (0002, 0005) and horovodrun's own (0009, 0011), under real
+mpirun and horovodrun --gloo."""
 import os
+import textwrap
 
 import pytest
 
@@ -75,3 +77,22 @@ def test_horovodruns_build_checks_answer_without_importing_tensorflow():
              "      'tensorflow' in sys.modules, util.mpi_built(), util.gloo_built())")
     out = run_ok([os.path.join(BIN, "python"), "-c", probe], timeout=120, env=ENV)
     assert out.split() == ["True", "True", "False", "True", "True"], out
+
+
+def test_a_signalled_horovodrun_gloo_passes_on_each_ranks_exit_status():
+    """Patch 0011: horovodrun --gloo, signalled, ends each rank through a middleman
+    process, whose two threads both waited for the rank's shell: when psutil's wait
+    reaped it first, the other read status 0, and a job whose rank exited 75 (stopped,
+    checkpoint written) ended with exit 0 (5 of 12 runs here before the patch)."""
+    probe = textwrap.dedent("""
+        import sys, threading
+        from horovod.runner.common.util import safe_shell_exec
+        rank = (f"{sys.executable} -c 'import signal, sys, time; "
+                "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75)); time.sleep(60)'")
+        for _ in range(6):  # (each run signalled half a second in, as horovodrun's handler does)
+            signalled = threading.Event()
+            threading.Timer(0.5, signalled.set).start()
+            print(safe_shell_exec.execute(rank, events=[signalled]))
+        """)
+    out = run_ok([os.path.join(BIN, "python"), "-c", probe], timeout=120, env=ENV)
+    assert out.split() == ["75"] * 6, out
