@@ -480,14 +480,14 @@ def test_thread_cpu_is_split_into_horovods_named_thread_and_the_rest():
             pass
 
     named, stop = threading.Event(), threading.Event()
-    before = threadcpu.split_seconds(threadcpu.cpu_seconds_by_thread())
-    assert before[0] is None  # no such thread yet
+    assert threadcpu.SplitReader()()[0] is None  # no such thread yet
     worker = threading.Thread(target=busy)
     worker.start()
     named.wait()
-    start, t0 = threadcpu.split_seconds(threadcpu.cpu_seconds_by_thread()), time.monotonic()
+    read = threadcpu.SplitReader()  # (finds the named thread at its first reading)
+    start, t0 = read(), time.monotonic()
     time.sleep(0.5)
-    end, seconds = threadcpu.split_seconds(threadcpu.cpu_seconds_by_thread()), time.monotonic() - t0
+    end, seconds = read(), time.monotonic() - t0
     stop.set()
     worker.join()
     pct = threadcpu.percent_of_a_core(start, end, seconds)

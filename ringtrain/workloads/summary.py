@@ -46,6 +46,7 @@ class StepTimer:
         self._net_start = self._net_end = None
         # per-thread CPU, read when windows close (cheap enough every 10 steps, not every step)
         self._cpu_start = self._cpu_end = None
+        self._cpu_reading = threadcpu.SplitReader()
         self._cpu_start_time = self._cpu_end_time = None
         self.steps = 0
         self.samples = 0.0
@@ -84,7 +85,7 @@ class StepTimer:
     def _start_window(self, now):
         if self._net_start is None:
             self._net_start = self._net_end = interface_bytes()
-            self._cpu_start, self._cpu_start_time = _cpu_reading(), now
+            self._cpu_start, self._cpu_start_time = self._cpu_reading(), now
         self._window_start, self._window_samples, self._window_steps = now, 0.0, 0
         self._window_start_unix = self._last_step_end_unix
 
@@ -94,7 +95,7 @@ class StepTimer:
         self.seconds += elapsed
         self.windows.append(self._window_samples / elapsed if elapsed > 0 else 0.0)
         self.window_spans_unix.append([self._window_start_unix, self._last_step_end_unix, self._window_samples])
-        self._cpu_end, self._cpu_end_time = _cpu_reading(), now
+        self._cpu_end, self._cpu_end_time = self._cpu_reading(), now
         self._start_window(now)
 
     def report(self):
@@ -117,10 +118,6 @@ class StepTimer:
                 "step_time_p99_sec": percentile(self.step_seconds, 99),
                 "updates_timed": (self._updates[1] - self._updates[0]
                                   if None not in self._updates else None)}
-
-
-def _cpu_reading():
-    return threadcpu.split_seconds(threadcpu.cpu_seconds_by_thread())
 
 
 def measured_throughput(reports):
