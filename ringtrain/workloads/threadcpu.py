@@ -12,23 +12,14 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def cpu_seconds_by_thread(pid="self"):
     """{tid: (name, cpu seconds)} for every live thread of `pid`."""
-    threads = {}
     base = f"/proc/{pid}/task"
     try:
         tids = os.listdir(base)
     except OSError:
-        return threads
-    for tid in tids:
-        try:
-            with open(f"{base}/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # the thread ended between listdir and open
-        # the name sits in parentheses and may hold spaces: split after the last ')'
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        threads[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / _TICKS)
-    return threads
+        return {}
+    # (a thread that ended between listdir and open reads None)
+    read = {int(tid): _read_stat(f"{base}/{tid}/stat") for tid in tids}
+    return {tid: found for tid, found in read.items() if found}
 
 
 class SplitReader:
@@ -56,13 +47,21 @@ class SplitReader:
 
 def _stat_seconds(path):
     """utime + stime of a /proc stat file (a process's covers all its threads, ended ones too)."""
+    found = _read_stat(path)
+    return found[1] if found else None
+
+
+def _read_stat(path):
+    """(name, utime + stime seconds) of a /proc stat file; None if it is gone."""
     try:
         with open(path) as f:
             stat = f.read()
     except OSError:
         return None
+    # the name sits in parentheses and may hold spaces: split after the last ')'
+    name = stat[stat.index("(") + 1:stat.rindex(")")]
     fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return name, (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def percent_of_a_core(start, end, wall_seconds):
