@@ -176,10 +176,11 @@ def start(cluster, log=print):
     try:
         _wait(all_idle, "slurmctld and every slurmd", log_files(cluster)["ctld"])
     except UsageError:
-        late = ", ".join(f"{h.name} {states.get(h.name, 'unknown')}" for h in cluster.hosts
-                         if not states.get(h.name, "").startswith("idle"))
+        late = [h.name for h in cluster.hosts if not states.get(h.name, "").startswith("idle")]
+        logs = log_files(cluster)
         raise UsageError(f"SLURM did not see every node idle within {START_TIMEOUT_SEC} s (not idle: "
-                         f"{late}): see {state}/ctld/slurmctld.log and {state}/NODE/slurmd.log") from None
+                         + ", ".join(f"{name} {states.get(name, 'unknown')}" for name in late)
+                         + f"): see {' and '.join([logs['ctld']] + [logs[name] for name in late])}") from None
     log(f"ringtrain-cluster: SLURM is up: slurmctld on {cluster.hosts[0].name}, slurmd on "
         f"{', '.join(h.name for h in cluster.hosts)} (partition sim, {CPUS_PER_NODE} CPUs per node); "
         f"run its commands on a host: ringtrain-cluster exec h1 -- sbatch ...")
