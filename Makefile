@@ -7,7 +7,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 NP ?= 2
 
-.PHONY: install install-gpu wheel run test test-quick docs bench bench-cluster bench-sync doctor clean
+.PHONY: install install-gpu wheel run test test-quick test-cpu docs bench bench-cluster bench-sync doctor clean
 
 install:
 	bash scripts/install.sh
@@ -35,6 +35,11 @@ test:
 # The fast subset (no launcher, no training, no cluster): under a minute, for quick edits.
 test-quick: install
 	python -m pytest -m "not slow" tests
+
+# `make test` under the kernel's process accounting (root, nothing else running): each test
+# file's CPU, and how much of it is processes that loaded TensorFlow (DEVELOPERS.md 4.13).
+test-cpu: install
+	python scripts/suite_cpu.py record build/suite-cpu -- $(MAKE) test
 
 bench: install
 	ringtrain-bench report --out bench/results
