@@ -43,13 +43,14 @@ def import_tensorflow_quietly():
 
 
 def keep_freed_memory():
-    """Have glibc keep the memory a step frees for the next step. By default it
-    maps each block of a few MB afresh and returns freed memory to the kernel, so
-    a step's activations were faulted in anew every step: 20,000 page faults a
-    second on a TF collective rank of mnist_cnn here, and the same kernels 10-70 %
-    slower (DEVELOPERS.md 4.15). Blocks up to 32 MB (glibc's most) now come from
-    the heap, and up to 256 MB freed stays there. (tf.data's from_generator sets a
-    128 KB trim threshold of its own.) Nothing where the C library is not glibc."""
+    """Have glibc keep the memory a step frees for the next step. By its own
+    thresholds it returned the freed top of the heap to the kernel, so a step's
+    activations were faulted in again: 20,293 page faults a second on a TF
+    collective rank of mnist_cnn here, 91 with this. (Where tf.data's
+    from_generator fixes both thresholds at 128 KB, a plain script's kernels ran
+    10-70 % slower: DEVELOPERS.md 4.15.) Blocks up to 32 MB (glibc's most) now
+    come from the heap, and up to 256 MB freed stays there. Nothing where the C
+    library is not glibc."""
     import ctypes
     try:
         libc = ctypes.CDLL("libc.so.6")
