@@ -246,12 +246,14 @@ def test_scancel_signal_stops_a_job_which_requeues_itself_and_ends_as_if_never_s
         wait_for_output(nodes, job, tmp_path, r"requeueing it")
         seconds = time.monotonic() - signalled
         print(f"{script}: from scancel --signal to the requeue line: {seconds:.1f} s")  # (shown with pytest -s)
-        # SLURM holds a requeued job back for two minutes (its BeginTime); the test need not wait them, but
-        # its first run (slurmstepd too) must be gone from every node first, as those minutes make sure: made
-        # eligible at once, a requeued TF collective job once ended FAILED without running again (RunTime 0)
+        # SLURM holds a requeued job back for two minutes (its BeginTime, the first run's credential's
+        # lifetime); the test need not wait them, but its first run (slurmstepd too) must be gone from every
+        # node first, and it must start again in a later second than the one its credential was revoked in:
+        # slurmd compares the two in whole seconds, and a requeued job let start in the same second ended
+        # FAILED without running ("Killing non-startable batch JobId=8: Job credential revoked", RunTime 0)
         wait_until(lambda: "Reason=BeginTime" in on_h1(nodes, ["scontrol", "show", "job", "-o", job], "/"), 60)
         assert not (left := jobs_left_after(nodes, 60)), left
-        on_h1(nodes, ["scontrol", "update", f"JobId={job}", "StartTime=now"], tmp_path)
+        on_h1(nodes, ["scontrol", "update", f"JobId={job}", "StartTime=now+2"], tmp_path)
         text = completed(nodes, job, tmp_path, timeout=300)
         assert tasks.wait("whole", 240) == 0, tasks.log("whole")[-3000:]
     stopped = [line for line in text.splitlines() if ": stopped by " in line]
