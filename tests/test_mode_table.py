@@ -105,13 +105,15 @@ class Runs:
         self.checkpoints, self.snapshots = self.folder / "ckpt", self.folder / "snapshots"
         self.summary_path, self.tmp = self.folder / "summary.json", self.folder / "tmp"
         self.tmp.mkdir()
-        # (two GPUs assumed by name: each process reports the one it asks for)
+        # (two GPUs assumed by name: each process reports the one it asks for; bytecode written, as
+        # where PYTHONDONTWRITEBYTECODE is unset, for the no-generated-code check)
         done = run_in_terminal(self.argv(*DIVERGING, *HALF, "--on-nan", "skip", "--steps", "8", "--log-every", "2",
                                          "--checkpoint-dir", str(self.checkpoints), "--checkpoint-every", "4",
                                          "--straggler", "1:3", "--snapshot-every", "4",
                                          "--snapshot-dir", str(self.snapshots),
                                          "--summary-json", str(self.summary_path)), timeout=180,
-                               env=dict(ENV, **{ASSUMED_GPUS_ENV: "2", "TMPDIR": str(self.tmp)}))
+                               env=dict(ENV, **{ASSUMED_GPUS_ENV: "2", "TMPDIR": str(self.tmp),
+                                                "PYTHONDONTWRITEBYTECODE": ""}))
         assert done.returncode == 0, done.output[-4000:]
         return done
 
@@ -332,10 +334,13 @@ def test_each_rows_command_is_how_its_mode_is_started(mode, tmp_path):
 @pytest.mark.parametrize("mode", list(TABLE))
 def test_a_run_leaves_no_generated_code_in_the_temp_folder(mode, runs):
     """AutoGraph writes each function it converts to the temp folder, and deletes
-    it at exit only if atexit hooks run: ranks end by os._exit (errors.exit_now)."""
+    it at exit only if atexit hooks run: ranks end by os._exit (errors.exit_now).
+    Its hook leaves the bytecode that Python cached beside it."""
     runs.first
-    left = [name for name in os.listdir(runs.tmp) if name.startswith("__autograph_generated_file")]
-    assert not left, [open(runs.tmp / name).read()[:300] for name in left[:3]]
+    cached = runs.tmp / "__pycache__"
+    left = [folder / name for folder in (runs.tmp, cached) if folder.exists() for name in os.listdir(folder)
+            if name.startswith("__autograph_generated_file")]
+    assert not left, [(p.name, p.read_bytes()[:300]) for p in left[:3]]
 
 
 @pytest.mark.parametrize("mode,feature", [(m, f) for m in TABLE for f in FEATURES])
@@ -375,9 +380,11 @@ def frozen_worker(runs):
         flags += ["--straggler", "1:100000"]  # tower 1's every step waits 100000 times its compute
     goes_on = goes_on_without_a_worker(mode)
     steps = ["--steps", "400", "--simulate-gpu", "30"] if goes_on else ["--steps", "100000"]
+    temp = runs.folder / "stall-tmp"  # (AutoGraph's files: the frozen worker is killed, and cannot remove its own)
+    temp.mkdir()
     with Tasks(str(runs.folder)) as tasks:
         name = "stall-" + re.sub(r"\W+", "-", mode)
-        job = tasks.start(name, runs.argv(*flags, *steps))
+        job = tasks.start(name, ["env", f"TMPDIR={temp}", *runs.argv(*flags, *steps)])
         if one_process:
             tasks.wait_for_text(name, "steps 0..", 120)
             started = time.monotonic()

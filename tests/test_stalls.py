@@ -52,15 +52,18 @@ def test_a_frozen_chief_is_named_by_the_others_and_the_job_ends(tmp_path):
 
 def test_a_killed_tf_collective_worker_launched_by_tf_config_is_named_and_the_job_ends(tmp_path):
     """TF's own launch (one process per worker, TF_CONFIG, no mpirun to end the
-    job): worker 1 is killed mid-training; worker 0 names it in one line and exits."""
+    job): worker 1 is killed mid-training; worker 0 names it in one line and exits,
+    and removes the code AutoGraph generated for it (the killed one cannot)."""
     import json
     from ringtrain.multihost.net import free_ports
     workers = [f"localhost:{port}" for port in free_ports(2)]
     config = lambda i: json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+    temp = [tmp_path / f"tmp{i}" for i in (0, 1)]
     with Tasks(str(tmp_path)) as tasks:
         for i in (0, 1):
-            tasks.start(f"worker{i}", ["env", f"TF_CONFIG={config(i)}", os.path.join(BIN, "ringtrain"),
-                                       "--backend", "tf-collective", *TRAIN])
+            temp[i].mkdir()
+            tasks.start(f"worker{i}", ["env", f"TF_CONFIG={config(i)}", f"TMPDIR={temp[i]}",
+                                       os.path.join(BIN, "ringtrain"), "--backend", "tf-collective", *TRAIN])
         tasks.wait_for_text("worker0", "step 20/", 120)
         tasks.kill("worker1")
         killed = time.monotonic()
@@ -70,6 +73,8 @@ def test_a_killed_tf_collective_worker_launched_by_tf_config_is_named_and_the_jo
     lines = [line for line in log.splitlines() if "ringtrain: error:" in line]
     assert len(lines) == 1 and "Traceback" not in log, log[-3000:]
     assert f"worker 1 at {workers[1]} stopped answering" in lines[0] and "--resume" in lines[0], lines
+    assert [p.name for p in temp[1].glob("__autograph_generated_file*")], "strategy.gather converts a function"
+    assert not list(temp[0].glob("__autograph_generated_file*")), list(temp[0].iterdir())
 
 
 def test_a_crash_in_native_code_prints_every_threads_python_stack_and_mpirun_names_the_rank():

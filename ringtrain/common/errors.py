@@ -47,11 +47,13 @@ def one_line(error):
 def run_cli(prog, main, argv=None, exit_at_once=False):
     """Run main(argv); a UsageError becomes one line on stderr and exit 2.
     exit_at_once: end the process as soon as main returns (exit_now)."""
+    import atexit
     import faulthandler
     import sys
     # A crash in native code (TF, Horovod, MPI) prints every thread's Python stack
     # before the launcher names the signal; OpenMPI keeps this handler, not its own.
     faulthandler.enable(all_threads=True)
+    atexit.register(_remove_generated_code)  # (also at a normal exit: AutoGraph's own hook leaves the bytecode)
     try:
         code = main(argv)
         return exit_now(code) if exit_at_once else code
@@ -91,15 +93,18 @@ def exit_now(code):
 def _remove_generated_code():
     """What the atexit hooks that os._exit skips would delete: the file AutoGraph
     wrote for each function it converted (TF's own too: a checkpoint's save under
-    ParameterServerStrategy), a module in sys.modules named after it."""
+    ParameterServerStrategy), a module in sys.modules named after it, and the
+    bytecode Python cached beside it where PYTHONDONTWRITEBYTECODE is unset
+    (AutoGraph's own hook leaves that in $TMPDIR/__pycache__)."""
     import os
     import sys
     for name, module in list(sys.modules.items()):
         if name.startswith("__autograph_generated_file"):
-            try:
-                os.remove(module.__file__)
-            except (AttributeError, TypeError, OSError):
-                pass
+            for path in (getattr(module, "__file__", None), getattr(module, "__cached__", None)):
+                try:
+                    os.remove(path)
+                except (TypeError, OSError):
+                    pass
 
 
 def launched_rank():

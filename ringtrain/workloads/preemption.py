@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 
-from ringtrain.common.errors import EXIT_PREEMPTED
+from ringtrain.common.errors import EXIT_PREEMPTED, exit_now
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 CHECK_SECONDS = 0.2  # how often, in training time, the processes agree on a stop
@@ -63,7 +63,7 @@ class Preemption:
             sys.stdout.flush()
             os.write(self._stderr, f"{self.prog}: stopped by {self.signal} before training started: nothing to "
                                    f"save; run the same command again to start (exit {EXIT_PREEMPTED})\n".encode())
-            os._exit(EXIT_PREEMPTED)
+            exit_now(EXIT_PREEMPTED)
 
 
 PREEMPTION = Preemption()

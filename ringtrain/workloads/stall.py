@@ -33,7 +33,7 @@ import threading
 import time
 
 from ringtrain.multihost.net import grpc_answers, is_listening
-from ringtrain.common.errors import EXIT_STOPPED, first_line
+from ringtrain.common.errors import EXIT_STOPPED, exit_now, first_line
 from ringtrain.workloads.mode import Topology
 
 BEAT = 1.0          # seconds between heartbeats
@@ -289,12 +289,9 @@ class StallWatchdog:
         if self.woke is not None and time.monotonic() - self.woke < self.timeout + BEAT * SILENT_BEATS * 2:
             # Frozen itself a moment ago (and woken to be ended): what it sees missing went on
             # without it, and whoever named it has spoken. Not a word from here.
-            sys.stdout.flush()
-            os._exit(EXIT_STOPPED)
+            exit_now(EXIT_STOPPED)
         sys.stderr.write(f"{self.prog}: error: {what}; ending the job: {self.advice}\n")
-        sys.stderr.flush()
-        sys.stdout.flush()
-        os._exit(EXIT_STOPPED)
+        exit_now(EXIT_STOPPED)
 
 
 def listen_address(hosts):
