@@ -291,6 +291,15 @@ class Tasks:
         procs.stop_all(list(self.procs.values()))
 
 
+def generated_code(folder):
+    """What AutoGraph generated in `folder` (a process's TMPDIR): its modules, and the
+    bytecode Python cached beside them where PYTHONDONTWRITEBYTECODE is unset."""
+    import pathlib
+    folder = pathlib.Path(folder)
+    return [path for where in (folder, folder / "__pycache__") if where.exists() for path in where.iterdir()
+            if path.name.startswith("__autograph_generated_file")]
+
+
 @contextlib.contextmanager
 def own_tmpfs(path, name, options):
     """A tmpfs of our own at `path` (made), named `name`, unmounted after; skips unless root."""

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from helpers import BIN, ENV, ONE_THREAD, REPO, Tasks, last_json, own_tmpfs, run, run_in_terminal
+from helpers import BIN, ENV, ONE_THREAD, REPO, Tasks, generated_code, last_json, own_tmpfs, run, run_in_terminal
 from ringtrain import modes
 from ringtrain.workloads.devices import ASSUMED_GPUS_ENV
 
@@ -337,9 +337,7 @@ def test_a_run_leaves_no_generated_code_in_the_temp_folder(mode, runs):
     it at exit only if atexit hooks run: ranks end by os._exit (errors.exit_now).
     Its hook leaves the bytecode that Python cached beside it."""
     runs.first
-    cached = runs.tmp / "__pycache__"
-    left = [folder / name for folder in (runs.tmp, cached) if folder.exists() for name in os.listdir(folder)
-            if name.startswith("__autograph_generated_file")]
+    left = generated_code(runs.tmp)
     assert not left, [(p.name, p.read_bytes()[:300]) for p in left[:3]]
 
 
