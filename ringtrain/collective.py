@@ -100,7 +100,7 @@ def train(config, collective, cluster, dataset):
               "cluster's hosts", flush=True)
     # TF: the strategy connects every worker (it waits for all of them) and, with RING,
     # reduces with TF's ring: scatter-reduce, then allgather.
-    strategy = connect(tf, collective.communication)
+    strategy = connect(tf, collective.communication, config.loop.stall_timeout)
     with strategy.scope():
         # TF: the variables are mirrored on every worker; updates are applied to all alike.
         # TF: with --sync-batch-norm, Keras all-reduces batch statistics over the workers.
@@ -158,11 +158,36 @@ class CollectiveMode(SynchronousMode):
                     allreduce_algorithm=implementation_in_effect(self.tf, self.communication))
 
 
-def connect(tf, communication="RING"):
+def connect(tf, communication="RING", stall_timeout=0.0):
     """TF's MultiWorkerMirroredStrategy over the workers of TF_CONFIG, reducing
-    with `communication` (RING, AUTO or NCCL)."""
+    with `communication` (RING, AUTO or NCCL). stall_timeout: --stall-timeout,
+    after which the watchdog names a worker that stopped answering; TF's own
+    heartbeat then waits 10 s longer (tf_heartbeat_after)."""
+    if stall_timeout and "TF_CONFIG" in os.environ:
+        tf_heartbeat_after(tf, stall_timeout + TF_HEARTBEAT_TIMEOUT)
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(implementation=communication))
+
+
+TF_HEARTBEAT_TIMEOUT = 10.0  # s: TF's default (coordination_service.cc)
+
+
+def tf_heartbeat_after(tf, seconds):
+    """The coordination service the strategy starts, as it configures it, but
+    with its heartbeat timing out after `seconds`. Under TF's 10 s, one late
+    heartbeat on a loaded machine aborted every collective of a live job
+    (DEVELOPERS.md 6.5); a silent worker is the stall watchdog's to name.
+    The strategy keeps a configuration that is already there. (TF's private
+    API: tests/test_private_apis.py.)"""
+    from tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2 import CoordinatedJob
+    from tensorflow.python.distribute.multi_worker_util import coordination_leader
+    from tensorflow.python.eager import context
+    spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=coordination_leader(spec),
+        coordinated_jobs=[CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+                          for job in ("chief", "worker") if job in spec.jobs],
+        heartbeat_timeout_in_ms=int(seconds * 1000))
 
 
 def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=None, bucket_bytes=0):

@@ -11,7 +11,7 @@ import pytest
 from ringtrain.bench import expectations, scaling_report, stats, tables
 from ringtrain.bench.launch import child_env
 from ringtrain.bench.scaling_rows import build
-from helpers import BENCH, REPO, assert_one_line_error, run, run_bench
+from helpers import BENCH, REPO, assert_one_line_error, generated_code, run, run_bench
 
 
 
@@ -387,9 +387,14 @@ def test_bad_mode_fails_with_one_line_naming_it():
 def test_tiny_allreduce_bench_reports_every_implementation_and_the_users_expectations(tmp_path):
     # one expectation that holds, one that cannot: the run exits 1 naming the second
     holds, broken = "impl=ring,world_size=2: wrong == 0", "impl=memcpy: busbw_gbs < 0"
-    # from another folder than the checkout's, with --out relative to it
+    # from another folder than the checkout's, with --out relative to it; a TMPDIR of its own, with
+    # bytecode written (as over ssh), for what AutoGraph leaves there
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     done = run(BENCH + ["allreduce", "--np", "2", "--sizes", "4K,64K", "--trials", "2", "--out", "r",
-                        "--expect", holds, "--expect", broken], timeout=220, env=child_env(), cwd=str(tmp_path))
+                        "--expect", holds, "--expect", broken], timeout=220, cwd=str(tmp_path),
+               env=child_env({"TMPDIR": str(temp), "PYTHONDONTWRITEBYTECODE": ""}))
+    assert generated_code(temp) == [], "each worker removes what AutoGraph wrote, its bytecode too"
     tmp_path = tmp_path / "r"
     assert done.returncode == 1, done.stderr[-3000:]
     assert done.stderr.splitlines()[-1].startswith(f"ringtrain-bench: {broken} does not hold (measured ")

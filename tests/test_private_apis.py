@@ -31,3 +31,27 @@ def test_keras_still_all_reduces_the_gradients_through_the_hook_tf_collective_mo
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
     assert "self._all_reduce_sum_gradients(" in inspect.getsource(TFOptimizer._backend_update_step), \
         "Keras's TF optimizer no longer all-reduces through _all_reduce_sum_gradients: see gradients.already_summed"
+
+
+def test_the_strategy_keeps_the_coordination_service_configured_before_it(tmp_path):
+    """TF collective mode gives TF's heartbeat --stall-timeout plus TF's own 10 s
+    (collective.tf_heartbeat_after); MultiWorkerMirroredStrategy must start its
+    coordination service with that, not its own. One worker, in its own process."""
+    import json
+    import os
+    import sys
+
+    from helpers import run
+    from ringtrain.multihost.net import free_ports
+    [port] = free_ports(1)
+    script = ("from ringtrain.workloads.tfenv import import_tensorflow_quietly, set_threads\n"
+              "from ringtrain.collective import connect\n"
+              "from tensorflow.python.eager import context\n"
+              "tf = import_tensorflow_quietly(); set_threads(1)\n"
+              "strategy = connect(tf, 'RING', stall_timeout=30)\n"
+              "print(strategy.num_replicas_in_sync, context.context().coordination_service.heartbeat_timeout_in_ms)\n")
+    config = {"cluster": {"worker": [f"localhost:{port}"]}, "task": {"type": "worker", "index": 0}}
+    done = run([sys.executable, "-c", script], timeout=120,
+               env=dict(os.environ, TF_CONFIG=json.dumps(config), TMPDIR=str(tmp_path)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["1", "40000"], done.stdout

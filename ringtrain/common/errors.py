@@ -47,13 +47,11 @@ def one_line(error):
 def run_cli(prog, main, argv=None, exit_at_once=False):
     """Run main(argv); a UsageError becomes one line on stderr and exit 2.
     exit_at_once: end the process as soon as main returns (exit_now)."""
-    import atexit
     import faulthandler
     import sys
     # A crash in native code (TF, Horovod, MPI) prints every thread's Python stack
     # before the launcher names the signal; OpenMPI keeps this handler, not its own.
     faulthandler.enable(all_threads=True)
-    atexit.register(_remove_generated_code)  # (also at a normal exit: AutoGraph's own hook leaves the bytecode)
     try:
         code = main(argv)
         return exit_now(code) if exit_at_once else code
@@ -86,16 +84,17 @@ def exit_now(code):
     import sys
     sys.stdout.flush()
     sys.stderr.flush()
-    _remove_generated_code()
+    remove_generated_code()
     os._exit(code or 0)
 
 
-def _remove_generated_code():
+def remove_generated_code():
     """What the atexit hooks that os._exit skips would delete: the file AutoGraph
     wrote for each function it converted (TF's own too: a checkpoint's save under
     ParameterServerStrategy), a module in sys.modules named after it, and the
     bytecode Python cached beside it where PYTHONDONTWRITEBYTECODE is unset
-    (AutoGraph's own hook leaves that in $TMPDIR/__pycache__)."""
+    (AutoGraph's own hook leaves that in $TMPDIR/__pycache__). Also an atexit
+    hook of every process that loads TF (tfenv.import_tensorflow_quietly)."""
     import os
     import sys
     for name, module in list(sys.modules.items()):

@@ -197,7 +197,7 @@ def add_run_flags(r, summary_json=True):
     r.add_argument("--stall-timeout", type=non_negative_float, default=120.0, metavar="S",
                    help="a worker that finishes no training step for S seconds is named: the job ends "
                         "where training waits for it, and goes on without it where it can; 0 disables "
-                        "(default %(default)g)")
+                        "(default %(default)g). TF collective mode gives TF's own heartbeat S + 10 s")
 
 
 def add_measurement_flags(m):

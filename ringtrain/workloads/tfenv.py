@@ -17,12 +17,17 @@ def import_tensorflow_quietly():
     """Import TF with its start-up lines (absl INFO about oneDNN and CPU
     features, which no env var silences) kept off stderr, so that our own
     one-line messages stand alone. A failed import replays what TF said."""
+    import atexit
     import sys
     import tempfile
+    from ringtrain.common.errors import remove_generated_code
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
     keep_freed_memory()
+    # (at a normal exit too: AutoGraph's own hook leaves the bytecode, and a bench
+    # worker or a PS task never goes through run_cli's exit_now)
+    atexit.register(remove_generated_code)
     sys.stderr.flush()
     saved = os.dup(2)
     hidden = _Hidden(KERAS_EXTRAS)
