@@ -288,6 +288,8 @@ def test_elastic_ring_goes_on_when_a_rank_is_lost_or_a_host_comes_or_goes(cluste
         tasks.start("elastic", on(cluster, "h1", "env", f"RINGTRAIN_ELASTIC_HOSTS={hosts_file}",
                                   os.path.join(BIN, "horovodrun"), "--gloo", "-np", str(start), "--min-np", "2",
                                   "--max-np", "3", "--host-discovery-script", discover,
+                                  # the survivor whose peer died first waits this long for it (default 30 s)
+                                  "--gloo-timeout-seconds", "15",
                                   os.path.join(BIN, "ringtrain"), "--elastic", "--commit-every", "5",
                                   "--model", "mnist_mlp", "--steps", "400", *DETERMINISTIC, "--log-every", "10",
                                   "--dump-weights", weights_path))

@@ -40,17 +40,6 @@ def signal_at_step(tasks, name, step, send):
     send(tasks.procs[name])
 
 
-def rank(job, number, variable="OMPI_COMM_WORLD_RANK"):
-    import psutil
-    for p in psutil.Process(job.pid).children(recursive=True):
-        try:
-            if p.environ().get(variable) == str(number) and "ringtrain" in " ".join(p.cmdline()):
-                return p
-        except psutil.Error:
-            continue
-    raise AssertionError(f"no rank {number} under {job.pid}")
-
-
 def test_ctrl_c_stops_ring_ranks_at_one_step_and_the_resumed_run_ends_as_if_never_stopped(tmp_path, mnist_records):
     """Ctrl-C at a terminal reaches mpirun's process group (its ranks have groups
     of their own), twice here: mpirun passes SIGTERM on to its ranks after
@@ -75,20 +64,6 @@ def test_ctrl_c_stops_ring_ranks_at_one_step_and_the_resumed_run_ends_as_if_neve
                                     "--dump-weights", dump.replace("w-", "whole-")))
         assert tasks.wait("resumed", 120) == 0 and tasks.wait("whole", 120) == 0, tasks.log("resumed")[-3000:]
     assert_same_weights(weights(dump, 0), weights(dump.replace("w-", "whole-"), 0))
-
-
-def test_sigterm_to_one_tf_collective_worker_stops_both(tmp_path):
-    """One worker alone gets it (a node drained): the other learns in the next
-    agreement. (TF's collective mode takes SIGTERM for its own preemption
-    notifier; ringtrain takes it back.)"""
-    ckpt = tmp_path / "ckpt"
-    with Tasks(str(tmp_path)) as tasks:
-        tasks.start("job", mpirun(2, "--backend", "tf-collective", *SMALL,
-                                  "--steps", "100000", "--checkpoint-dir", str(ckpt)))
-        signal_at_step(tasks, "job", 40, lambda job: rank(job, 1).send_signal(signal.SIGTERM))
-        assert tasks.wait("job", 60) == EXIT_PREEMPTED, tasks.log("job")[-3000:]
-        line = stopped_line(tasks.log("job"))
-    assert "by a signal to another process of the job" in line and checkpoint_step(ckpt) == stopped_at(line)
 
 
 def test_sigterm_to_horovodrun_leaves_a_resumable_checkpoint(tmp_path):
