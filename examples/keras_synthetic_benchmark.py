@@ -35,10 +35,12 @@ tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 shape = tuple(int(d) for d in args.image_shape.split("x"))
 keras.utils.set_random_seed(hvd.rank())
 model = plain_scripts.build(args.model, shape, args.classes)
-rng = np.random.default_rng(hvd.rank())
-images = rng.random((args.batch_size, *shape), np.float32)
-labels = rng.integers(0, args.classes, args.batch_size)
-dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()  # one batch, again and again
+_, dataset = plain_scripts.batches(args, shape, seed=hvd.rank())  # (--input tf.data)
+if dataset is None:
+    rng = np.random.default_rng(hvd.rank())
+    images = rng.random((args.batch_size, *shape), np.float32)
+    labels = rng.integers(0, args.classes, args.batch_size)
+    dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()  # one batch, again and again
 
 # Horovod: average the gradients over the ranks in apply_gradients (optionally sent as fp16).
 compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
@@ -66,7 +68,7 @@ callbacks = [
 ]
 steps_per_epoch = min(args.steps_per_epoch, args.steps)
 model.fit(dataset, steps_per_epoch=steps_per_epoch, epochs=-(-args.steps // steps_per_epoch), callbacks=callbacks,
-          verbose=0, shuffle=False)  # (one batch: nothing to shuffle)
+          verbose=0, shuffle=False)  # (a dataset: fit never shuffles one)
 
 step_seconds = np.diff(timer.ends)[args.warmup_steps:args.steps]
 # Horovod: every rank's timed seconds, so that the rate is the job's, not rank 0's times N.

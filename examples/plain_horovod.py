@@ -1,6 +1,6 @@
 """A plain Horovod script, as Horovod's own examples/tensorflow2 write one: a
-Keras Applications network on random images, DistributedGradientTape, and a
-timer. Nothing of ringtrain's. `ringtrain-bench parity` runs it beside
+Keras Applications network on random images (one batch, or read through
+tf.data with --input tf.data), DistributedGradientTape, and a timer. Nothing of ringtrain's. `ringtrain-bench parity` runs it beside
 `ringtrain` on the same model, batch, optimizer and threads.
 
     mpirun -np 2 python examples/plain_horovod.py --model ResNet50 --batch-size 16 --steps 30
@@ -11,7 +11,6 @@ every rank's timed samples over the slowest rank's timed seconds.
 
 import horovod.tensorflow as hvd
 import keras
-import numpy as np
 import tensorflow as tf
 
 import plain_scripts  # (beside this script: the flags and the network every plain script shares)
@@ -29,14 +28,12 @@ keras.utils.set_random_seed(hvd.rank())
 model = plain_scripts.build(args.model, shape, args.classes)
 optimizer = keras.optimizers.SGD(args.lr)
 optimizer.build(model.trainable_variables)
-rng = np.random.default_rng(hvd.rank())
-images = tf.constant(rng.random((args.batch_size, *shape), np.float32))
-labels = tf.constant(rng.integers(0, args.classes, args.batch_size))
+next_batch, _ = plain_scripts.batches(args, shape, seed=hvd.rank())
 loss_of = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 @tf.function
-def train_step():
+def train_step(images, labels):
     with tf.GradientTape() as tape:
         loss = loss_of(labels, model(images, training=True))
     # Horovod: each gradient's allreduce starts as soon as backprop produces it.
@@ -48,7 +45,7 @@ def train_step():
 
 # Horovod: every rank starts from rank 0's weights.
 hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
-step_seconds = plain_scripts.timed_steps(lambda: train_step().numpy(), args)
+step_seconds = plain_scripts.timed_steps(lambda: train_step(*next_batch()).numpy(), args)
 # Horovod: every rank's timed seconds, so that the rate is the job's, not rank 0's times N.
 seconds = hvd.allgather_object(sum(step_seconds))
 if hvd.rank() == 0:

@@ -1,7 +1,8 @@
 """A plain MultiWorkerMirroredStrategy script, as TensorFlow's own
 distributed-training guide writes a custom loop: a Keras Applications
-network on random images, `strategy.run`, the optimizer's own all-reduce, and
-a timer. Nothing of ringtrain's. `ringtrain-bench parity --peer mwms` runs it
+network on random images (one batch, or read through tf.data with --input
+tf.data), `strategy.run`, the optimizer's own all-reduce, and
+a timer. Nothing of ringtrain's. `ringtrain-bench parity --recipe tf-collective` runs it
 beside `ringtrain --backend tf-collective` on the same model, batch, optimizer
 and threads.
 
@@ -38,7 +39,6 @@ if "TF_CONFIG" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
     os.environ["TF_CONFIG"] = tf_config_from_mpirun()
 
 import keras  # noqa: E402 (TF_CONFIG first: the strategy reads it)
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 
@@ -58,15 +58,16 @@ with strategy.scope():
     model = plain_scripts.build(args.model, shape, args.classes)
     optimizer = keras.optimizers.SGD(args.lr)
     optimizer.build(model.trainable_variables)
-rng = np.random.default_rng(rank)
-images = tf.constant(rng.random((args.batch_size, *shape), np.float32))
-labels = tf.constant(rng.integers(0, args.classes, args.batch_size))
+next_batch, dataset = plain_scripts.batches(args, shape, seed=rank)
+if dataset is not None:  # TF: each worker reads its own batches (nothing to shard: its own images)
+    distributed = iter(strategy.distribute_datasets_from_function(lambda context: dataset))
+    next_batch = lambda: next(distributed)  # noqa: E731
 loss_of = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
 
 @tf.function
-def train_step():
-    def replica_step():
+def train_step(images, labels):
+    def replica_step(images, labels):
         with tf.GradientTape() as tape:
             # TF: each worker's loss over the global batch, so that the SUM of the gradients is its mean.
             loss = tf.nn.compute_average_loss(loss_of(labels, model(images, training=True)),
@@ -75,10 +76,10 @@ def train_step():
         # TF: the optimizer all-reduces the gradients (SUM) and applies them on every worker alike.
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
-    return strategy.reduce("SUM", strategy.run(replica_step), axis=None)
+    return strategy.reduce("SUM", strategy.run(replica_step, args=(images, labels)), axis=None)
 
 
-step_seconds = plain_scripts.timed_steps(lambda: train_step().numpy(), args)
+step_seconds = plain_scripts.timed_steps(lambda: train_step(*next_batch()).numpy(), args)
 # TF: every worker's timed seconds, so that the rate is the job's, not worker 0's times N.
 seconds = strategy.gather(tf.constant([sum(step_seconds)], tf.float64), axis=0).numpy().tolist()
 if rank == 0:

@@ -15,7 +15,33 @@ def parser(doc):
     p.add_argument("--warmup-steps", type=int, default=3, help="not timed")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--threads", type=int, default=1, help="TF's intra- and inter-op threads")
+    p.add_argument("--input", choices=("constant", "tf.data"), default="constant",
+                   help="constant: one random batch, again and again, as Horovod's synthetic benchmarks feed "
+                        "it; tf.data: random images read as TF's tf.data guide reads data (shuffled, batched, "
+                        "scaled, prefetched)")
     return p
+
+
+def batches(args, shape, seed, samples=4096):
+    """next_batch() for the script's steps: (images, labels) of args.batch_size.
+    tf.data: `samples` random uint8 images in memory, each worker its own, read
+    endlessly through tf.data as TF's guide writes an input pipeline; the
+    dataset too (a strategy distributes it)."""
+    import numpy as np
+    import tensorflow as tf
+    rng = np.random.default_rng(seed)
+    if args.input == "constant":
+        batch = (tf.constant(rng.random((args.batch_size, *shape), np.float32)),
+                 tf.constant(rng.integers(0, args.classes, args.batch_size)))
+        return lambda: batch, None
+    images = rng.integers(0, 256, (samples, *shape), np.uint8)
+    labels = rng.integers(0, args.classes, samples)
+    dataset = (tf.data.Dataset.from_tensor_slices((images, labels)).repeat().shuffle(samples)
+               .batch(args.batch_size).map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y),
+                                           num_parallel_calls=tf.data.AUTOTUNE)
+               .prefetch(tf.data.AUTOTUNE))
+    it = iter(dataset)
+    return lambda: next(it), dataset
 
 
 def build(name, shape, classes):
@@ -53,6 +79,6 @@ def print_result(step_seconds, seconds_per_rank, size, args):
     print(json.dumps({"images_per_sec": samples / max(seconds_per_rank), "world_size": size,
                       "timed_samples": samples, "timed_seconds": max(seconds_per_rank),
                       "images_per_sec_per_worker": [samples / size / s for s in seconds_per_rank],
-                      "step_time_p50_sec": float(statistics.median(step_seconds)),
+                      "step_time_p50_sec": float(statistics.median(step_seconds)), "input": args.input,
                       "mpi_settings": {k: v for k, v in os.environ.items() if k.startswith("OMPI_MCA_")}}),
           flush=True)

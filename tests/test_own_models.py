@@ -128,6 +128,7 @@ def test_parity_runs_ringtrain_and_the_plain_horovod_script_side_by_side(tmp_pat
     assert "OMPI_MCA_mpi_yield_when_idle" not in settings["plain-ompi-defaults"]
     ours = json.loads((tmp_path / "runs" / "ringtrain-r1.json").read_text())
     assert ours["model"] == "mnist_cnn" and ours["world_size"] == 2 and ours["timed_samples"] == 2 * 4 * 3
+    assert json.loads(printed("plain"))["input"] == "constant"  # (the default: one batch)
     assert "ringtrain ÷ plain" in out and "ringtrain ÷ plain" in (tmp_path / "report.html").read_text()
 
 
@@ -135,9 +136,11 @@ def test_parity_runs_ringtrain_and_the_plain_horovod_script_side_by_side(tmp_pat
 @pytest.mark.timeout(300)
 def test_parity_runs_tf_collective_mode_against_the_plain_mwms_script(tmp_path):
     """`ringtrain-bench parity --recipe tf-collective`, one tiny round on mnist_cnn: both under
-    mpirun -np 2, each worker's timed samples counted, the ratio in the report."""
+    mpirun -np 2, each worker's timed samples counted, the ratio in the report; the plain
+    script reads its images through tf.data (--plain-input), as ringtrain does."""
     out = run_ok([*BENCH, "parity", "--recipe", "tf-collective", "--model", "mnist_cnn", "--batch-size", "8",
-                  "--steps", "4", "--warmup-steps", "1", "--rounds", "1", "--out", str(tmp_path)], timeout=240)
+                  "--steps", "4", "--warmup-steps", "1", "--rounds", "1", "--plain-input", "tf.data",
+                  "--out", str(tmp_path)], timeout=240)
     [row] = json.loads((tmp_path / "parity.json").read_text())["rows"]
     assert row["ratio"] == pytest.approx(row["tf_collective_images_per_sec"] / row["plain_images_per_sec"])
     plain = json.loads([line for line in (tmp_path / "runs" / "plain-mwms-r1.log").read_text().splitlines()
@@ -146,6 +149,7 @@ def test_parity_runs_tf_collective_mode_against_the_plain_mwms_script(tmp_path):
     assert plain["world_size"] == ours["world_size"] == 2
     assert plain["timed_samples"] == ours["timed_samples"] == 2 * 8 * 3
     assert ours["mode"] == "tf-collective" and ours["model"] == "mnist_cnn"
+    assert plain["input"] == "tf.data" and "the plain script reading its images through tf.data" in out
     assert "ringtrain ÷ plain MWMS" in out
 
 

@@ -416,6 +416,10 @@ def parity_command(sub, common):
     pa.add_argument("--rounds", type=positive_int, default=3, help="alternating rounds (default 3)")
     pa.add_argument("--threads", type=positive_int, default=1, metavar="T",
                     help="TF threads per rank (default 1)")
+    pa.add_argument("--plain-input", choices=("constant", "tf.data"), default="constant",
+                    help="how the plain scripts feed their steps: one random batch again and again, as Horovod's "
+                         "synthetic benchmarks do (default), or random images read through tf.data as TF's guide "
+                         "reads data, as ringtrain reads its --data synthetic")
     pa.add_argument("--timeout", type=positive_float, default=600, metavar="SEC", help="per run (default 600)")
     add_output_flags(pa)
 
@@ -648,7 +652,7 @@ def run_parity(args, log):
     shape = args.image_shape or ((28, 28, 1) if args.model == "mnist_cnn" else (32, 32, 3))
     cfg = {"model": args.model, "np": args.np, "image_shape": list(shape), "batch_size": args.batch_size,
            "steps": args.steps, "warmup_steps": args.warmup_steps, "lr": args.lr, "rounds": args.rounds,
-           "threads": args.threads, "timeout": args.timeout, "recipe": args.recipe}
+           "threads": args.threads, "timeout": args.timeout, "recipe": args.recipe, "plain_input": args.plain_input}
     result = parity.run(cfg, args.out, log=log)
     print(parity.markdown(result), end="", flush=True)
     return result

@@ -94,12 +94,13 @@ def commands(cfg, summary_path):
     height, width, channels = cfg["image_shape"]
     shared = ["--batch-size", str(cfg["batch_size"]), "--steps", str(cfg["steps"]),
               "--warmup-steps", str(cfg["warmup_steps"]), "--lr", f"{cfg['lr']:g}", "--threads", str(cfg["threads"])]
+    fed = ["--input", plain_input(cfg)]  # (the plain scripts' input)
     plain = [sys.executable, PLAIN_SCRIPT, "--model", app, "--image-shape", f"{height}x{width}x{channels}",
-             *shared]
+             *shared, *fed]
     names = sorted(RINGTRAINS_MPI)
     if cfg.get("recipe") == "keras-fit":
         fit_script = [sys.executable, KERAS_FIT_SCRIPT, "--model", app, "--image-shape",
-                      f"{height}x{width}x{channels}", *shared]
+                      f"{height}x{width}x{channels}", *shared, *fed]
         return {"plain": (launch.mpirun(cfg["np"], plain, usable_cores(), env_names=names), RINGTRAINS_MPI),
                 "keras-fit": (launch.mpirun(cfg["np"], fit_script, usable_cores(), env_names=names), RINGTRAINS_MPI)}
     ours = [launch.tool("ringtrain"), "--model", cfg["model"], "--data", "synthetic",
@@ -107,13 +108,26 @@ def commands(cfg, summary_path):
             "--warmup-epochs", "0", "--log-every", str(cfg["steps"]), "--summary-json", summary_path, *shared]
     if cfg.get("recipe") == "tf-collective":  # (mpirun only starts the workers: TF's gRPC carries the ring)
         mwms = [sys.executable, PLAIN_MWMS_SCRIPT, "--model", app, "--image-shape", f"{height}x{width}x{channels}",
-                *shared]
+                *shared, *fed]
         return {"plain-mwms": (launch.mpirun(cfg["np"], mwms, usable_cores()), {}),
                 "tf-collective": (launch.mpirun(cfg["np"], [*ours, "--backend", "tf-collective"], usable_cores()),
                                   {})}
     return {"plain": (launch.mpirun(cfg["np"], plain, usable_cores(), env_names=names), RINGTRAINS_MPI),
             "plain-ompi-defaults": (launch.mpirun(cfg["np"], plain, usable_cores()), {}),
             "ringtrain": (launch.mpirun(cfg["np"], ours, usable_cores()), {})}
+
+
+def plain_input(cfg):
+    """How the plain scripts feed their steps: constant (one batch; results made before the
+    flag have none) or tf.data."""
+    return cfg.get("plain_input", "constant")
+
+
+def input_sentence(cfg):
+    if plain_input(cfg) == "tf.data":
+        return ("The plain scripts read random images through tf.data (each rank its own, in memory, shuffled, "
+                "batched, scaled, prefetched: --plain-input tf.data), as ringtrain reads its --data synthetic. ")
+    return "The plain scripts feed one random batch again and again; ringtrain reads its --data synthetic. "
 
 
 def run(cfg, out_dir, log=print):
@@ -211,11 +225,12 @@ def method(result):
     shape = "x".join(map(str, cfg["image_shape"]))
     settings = ', '.join(f'{k}={v}' for k, v in sorted(RINGTRAINS_MPI.items()))
     if pair:
-        return (f"{shape} images, {cfg['threads']} TF thread(s) per rank, under mpirun. {pair.method}"
+        return (f"{shape} images, {cfg['threads']} TF thread(s) per rank, under mpirun. {input_sentence(cfg)}"
+                f"{pair.method}"
                 + (f" ({settings})" if pair.peer == "plain" else "") + f". SGD, {cfg['steps']} steps of which "
                 f"{cfg['warmup_steps']} are warm-up, in {cfg['rounds']} round(s), the order alternating. img/s: "
                 f"every rank's timed samples over the slowest rank's timed seconds. Columns: bench/COLUMNS.md.\n")
-    return (f"{shape} images, {cfg['threads']} TF thread(s) per rank. "
+    return (f"{shape} images, {cfg['threads']} TF thread(s) per rank. {input_sentence(cfg)}"
             f"All under mpirun, SGD, {cfg['steps']} steps of which {cfg['warmup_steps']} are warm-up, in "
             f"{cfg['rounds']} round(s), the order rotating. img/s: every rank's timed samples over the slowest "
             f"rank's timed seconds. The plain script is examples/plain_horovod.py, run with the OpenMPI settings "
@@ -254,6 +269,8 @@ def finding_sentences(result):
     rounds = len(result["rows"])
     of = f"the median of {rounds} rounds" if rounds > 1 else "one round"
     pair = pair_of(result)
+    if plain_input(result["config"]) == "tf.data":
+        of += ", the plain script reading its images through tf.data"
     if pair:
         return [f"{pair.ours_label} trained at {result['median_ratio']:.3f}× the {pair.peer_label}'s img/s ({of})."]
     return [f"ringtrain trained at {result['median_ratio']:.3f}× the plain Horovod script's img/s ({of}).",
