@@ -1,7 +1,8 @@
 """A plain Horovod script, as Horovod's own examples/tensorflow2 write one: a
 Keras Applications network on random images (one batch, or read through
-tf.data with --input tf.data), DistributedGradientTape, and a timer. Nothing of ringtrain's. `ringtrain-bench parity` runs it beside
-`ringtrain` on the same model, batch, optimizer and threads.
+tf.data with --input tf.data), DistributedGradientTape, and a timer. Nothing
+of ringtrain's. `ringtrain-bench parity` runs it beside `ringtrain` on the
+same model, batch, optimizer and threads.
 
     mpirun -np 2 python examples/plain_horovod.py --model ResNet50 --batch-size 16 --steps 30
 

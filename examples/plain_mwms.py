@@ -1,10 +1,10 @@
 """A plain MultiWorkerMirroredStrategy script, as TensorFlow's own
 distributed-training guide writes a custom loop: a Keras Applications
 network on random images (one batch, or read through tf.data with --input
-tf.data), `strategy.run`, the optimizer's own all-reduce, and
-a timer. Nothing of ringtrain's. `ringtrain-bench parity --recipe tf-collective` runs it
-beside `ringtrain --backend tf-collective` on the same model, batch, optimizer
-and threads.
+tf.data), `strategy.run`, the optimizer's own all-reduce, and a timer.
+Nothing of ringtrain's. `ringtrain-bench parity --recipe tf-collective` runs
+it beside `ringtrain --backend tf-collective` on the same model, batch,
+optimizer and threads.
 
     mpirun -np 2 python examples/plain_mwms.py --model ResNet50 --batch-size 16 --steps 30
 

@@ -1,6 +1,7 @@
 """TensorFlow process settings, applied before TF is first imported, and
 how ringtrain compiles its steps."""
 import contextlib
+import functools
 import os
 
 # Keras, which `import tensorflow` loads, imports pandas, scikit-learn and matplotlib
@@ -17,17 +18,13 @@ def import_tensorflow_quietly():
     """Import TF with its start-up lines (absl INFO about oneDNN and CPU
     features, which no env var silences) kept off stderr, so that our own
     one-line messages stand alone. A failed import replays what TF said."""
-    import atexit
     import sys
     import tempfile
-    from ringtrain.common.errors import remove_generated_code
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    _remove_generated_code_at_exit()
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
     keep_freed_memory()
-    # (at a normal exit too: AutoGraph's own hook leaves the bytecode, and a bench
-    # worker or a PS task never goes through run_cli's exit_now)
-    atexit.register(remove_generated_code)
     sys.stderr.flush()
     saved = os.dup(2)
     hidden = _Hidden(KERAS_EXTRAS)
@@ -46,6 +43,16 @@ def import_tensorflow_quietly():
             os.dup2(saved, 2)
             os.close(saved)
     return tensorflow
+
+
+@functools.cache
+def _remove_generated_code_at_exit():
+    """AutoGraph's files removed at a normal exit too, once per process: AutoGraph's
+    own hook leaves their bytecode, and a bench worker or a PS task never ends
+    through run_cli's exit_now."""
+    import atexit
+    from ringtrain.common.errors import remove_generated_code
+    atexit.register(remove_generated_code)
 
 
 @contextlib.contextmanager
