@@ -56,10 +56,7 @@ def resumed_at(log):
 
 @pytest.mark.timeout(150)
 def test_dead_ps_stops_workers_with_one_line_and_the_cluster_resumes_from_its_checkpoint(tmp_path):
-    # (a simulated accelerator, as launch_and_kill_worker's: the PS must still serve when it is
-    # killed, and 200 real steps were over in 2.9 s, before a loaded machine's test saw a checkpoint)
-    steps = 300
-    ckpt = str(tmp_path / "ckpt")
+    steps, ckpt = 300, str(tmp_path / "ckpt")  # (slow steps, so the PS still serves when it is killed)
     ps, workers = hosts(1), hosts(2)
     worker = lambda i: task_args(ps, workers, "worker", i, *TINY, "--simulate-gpu", "30", "--steps", str(steps),
                                  "--checkpoint-every", "40", "--checkpoint-dir", ckpt)
