@@ -35,12 +35,9 @@ tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 shape = tuple(int(d) for d in args.image_shape.split("x"))
 keras.utils.set_random_seed(hvd.rank())
 model = plain_scripts.build(args.model, shape, args.classes)
-_, dataset = plain_scripts.batches(args, shape, seed=hvd.rank())  # (--input tf.data)
-if dataset is None:
-    rng = np.random.default_rng(hvd.rank())
-    images = rng.random((args.batch_size, *shape), np.float32)
-    labels = rng.integers(0, args.classes, args.batch_size)
-    dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()  # one batch, again and again
+next_batch, dataset = plain_scripts.batches(args, shape, seed=hvd.rank())
+if dataset is None:  # (--input constant)
+    dataset = tf.data.Dataset.from_tensors(next_batch()).repeat()  # one batch, again and again
 
 # Horovod: average the gradients over the ranks in apply_gradients (optionally sent as fp16).
 compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
