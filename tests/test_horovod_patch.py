@@ -42,13 +42,15 @@ def idle_cpu(loop, gloo=False):
     return [r["cpu_pct"] for r in lines]
 
 
-@pytest.mark.alone
 def test_an_idle_rank_spends_no_cpu_in_horovods_background_thread():
-    upstream = idle_cpu("0")  # measured in this run, for the record
+    """A thread's own CPU, which the other tests running beside it do not add to."""
+    upstream = idle_cpu("0")
     event, gloo = idle_cpu("1"), idle_cpu("1", gloo=True)
     print(f"idle background thread, % of a core per rank: upstream {upstream}, event {event}, gloo {gloo}")
-    # Polling each 1 ms cycle costs most of a core (upstream's busiest rank: 90 % and more);
-    # a loop that blocks shows 0-3 %: accounting ticks and wake-ups, higher on a loaded machine.
+    # Upstream's loop polls each 1 ms cycle: most of a core on an idle machine (90 % and more),
+    # 30-40 % beside the other tests; so the measurement sees a busy thread. A loop that blocks
+    # shows 0-3 %: accounting ticks and wake-ups.
+    assert max(upstream) > 15, upstream
     assert max(event) < 10 and max(gloo) < 10, (event, gloo, upstream)
 
 
