@@ -395,6 +395,7 @@ def test_tiny_allreduce_bench_reports_every_implementation_and_the_users_expecta
                         "--expect", holds, "--expect", broken], timeout=220, cwd=str(tmp_path),
                env=child_env({"TMPDIR": str(temp), "PYTHONDONTWRITEBYTECODE": ""}))
     assert generated_code(temp) == [], "each worker removes what AutoGraph wrote, its bytecode too"
+    assert os.listdir(temp) == [], "and the bytecode's emptied folder"
     tmp_path = tmp_path / "r"
     assert done.returncode == 1, done.stderr[-3000:]
     assert done.stderr.splitlines()[-1].startswith(f"ringtrain-bench: {broken} does not hold (measured ")

@@ -93,17 +93,26 @@ def remove_generated_code():
     wrote for each function it converted (TF's own too: a checkpoint's save under
     ParameterServerStrategy), a module in sys.modules named after it, and the
     bytecode Python cached beside it where PYTHONDONTWRITEBYTECODE is unset
-    (AutoGraph's own hook leaves that in $TMPDIR/__pycache__). Also an atexit
-    hook of every process that loads TF (tfenv.import_tensorflow_quietly)."""
+    (AutoGraph's own hook leaves that in $TMPDIR/__pycache__), and that folder
+    once it is empty. Also an atexit hook of every process that loads TF
+    (tfenv.import_tensorflow_quietly)."""
     import os
     import sys
+    folders = set()
     for name, module in list(sys.modules.items()):
         if name.startswith("__autograph_generated_file"):
             for path in (getattr(module, "__file__", None), getattr(module, "__cached__", None)):
                 try:
                     os.remove(path)
                 except (TypeError, OSError):
-                    pass
+                    continue
+                if path == getattr(module, "__cached__", None):
+                    folders.add(os.path.dirname(path))
+    for folder in folders:
+        try:
+            os.rmdir(folder)  # (fails, and stays, while anything else is in it)
+        except OSError:
+            pass
 
 
 def launched_rank():
