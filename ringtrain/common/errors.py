@@ -101,12 +101,13 @@ def remove_generated_code():
     folders = set()
     for name, module in list(sys.modules.items()):
         if name.startswith("__autograph_generated_file"):
-            for path in (getattr(module, "__file__", None), getattr(module, "__cached__", None)):
+            cached = getattr(module, "__cached__", None)
+            for path in (getattr(module, "__file__", None), cached):
                 try:
                     os.remove(path)
                 except (TypeError, OSError):
                     continue
-                if path == getattr(module, "__cached__", None):
+                if path == cached:
                     folders.add(os.path.dirname(path))
     for folder in folders:
         try:
