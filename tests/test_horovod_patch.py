@@ -1,6 +1,7 @@
 """Ringtrain's Horovod patches: the event-driven background loop (0004),
 Keras 3 support (0002, 0005) and horovodrun's own (0009, 0011), under real
 mpirun and horovodrun --gloo."""
+import concurrent.futures
 import os
 import textwrap
 
@@ -43,9 +44,10 @@ def idle_cpu(loop, gloo=False):
 
 
 def test_an_idle_rank_spends_no_cpu_in_horovods_background_thread():
-    """A thread's own CPU, which the other tests running beside it do not add to."""
-    upstream = idle_cpu("0")
-    event, gloo = idle_cpu("1"), idle_cpu("1", gloo=True)
+    """A thread's own CPU, which the other tests running beside it do not add to: so the
+    three jobs run at once."""
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        upstream, event, gloo = pool.map(lambda args: idle_cpu(*args), [("0",), ("1",), ("1", True)])
     print(f"idle background thread, % of a core per rank: upstream {upstream}, event {event}, gloo {gloo}")
     # Upstream's loop polls each 1 ms cycle: most of a core on an idle machine (90 % and more),
     # 30-40 % beside the other tests; so the measurement sees a busy thread. A loop that blocks

@@ -19,22 +19,22 @@ import sys
 import threading
 import time
 
-from ringtrain.multihost.procs import dies_with_parent
+from ringtrain.multihost.procs import dies_with_parent, terminate_tree
 
 GRACE_SEC = 5.0
 
 
 def end_group(pgid, grace=GRACE_SEC):
-    """SIGTERM to the group, SIGKILL to whatever is left after `grace`."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
+    """SIGTERM (and SIGCONT) to the group, SIGKILL to whatever is left after `grace`."""
+    terminate_tree(pgid)
+    for _ in range(int(grace * 10)):
+        if not _group_alive(pgid):
             return
-        for _ in range(int(wait * 10)):
-            if not _group_alive(pgid):
-                return
-            time.sleep(0.1)
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _group_alive(pgid):

@@ -155,7 +155,7 @@ class Process:
             except OSError:
                 pass
         else:
-            _signal_tree(self.popen.pid, self._tree, signal.SIGTERM)
+            terminate_tree(self.popen.pid, self._tree[1:])
 
     def finish_stop(self, deadline):
         """After begin_stop(): SIGKILL whatever is left at `deadline`, reap it."""
@@ -254,6 +254,13 @@ def _signal_tree(pgid, pids, sig):
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def terminate_tree(pgid, descendants=()):
+    """SIGTERM, then SIGCONT (as systemd does): a stopped process (a task frozen by SIGSTOP)
+    acts on its SIGTERM at once instead of sitting out the grace period."""
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        _signal_tree(pgid, [pgid, *descendants], sig)
 
 
 def _any_alive(popen, pids):
