@@ -140,6 +140,41 @@ def test_ssh_command_line_quotes_every_word_and_takes_only_host_names():
             procs.ssh_argv(bad, argv)
 
 
+# A task that exits 75 on SIGTERM, once it says it is ready.
+ON_SIGTERM_75 = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(75)); "
+                 "print('ready', flush=True); time.sleep(60)")
+
+
+def test_a_frozen_task_that_is_stopped_acts_on_its_sigterm_and_is_not_killed():
+    """SIGSTOP holds a pending SIGTERM; the SIGCONT after it lets the task end as it would
+    (locally, and under the remote guard), not by the SIGKILL after the grace."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    from ringtrain.multihost import guard, procs
+
+    def frozen(pid, said):
+        while "ready" not in said():
+            time.sleep(0.05)
+        os.killpg(pid, signal.SIGSTOP)
+
+    task = procs.Process([sys.executable, "-c", ON_SIGTERM_75], capture=True)
+    frozen(task.pid, lambda: "".join(task.stdout))
+    task.stop(grace=30)
+    assert task.returncode == 75
+    child = subprocess.Popen([sys.executable, "-c", ON_SIGTERM_75], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    frozen(child.pid, child.stdout.readline)
+    reaped = threading.Thread(target=child.wait)  # (as the guard's own waits on its command)
+    reaped.start()
+    guard.end_group(child.pid, grace=30)
+    reaped.join()
+    assert child.returncode == 75
+
+
 def test_hostfile_lines_are_read_as_openmpi_does(tmp_path):
     from ringtrain.multihost.hostfile import Host, fill, read_hostfile
     path = tmp_path / "hosts"
