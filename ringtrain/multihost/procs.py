@@ -155,7 +155,7 @@ class Process:
             except OSError:
                 pass
         else:
-            terminate_tree(self.popen.pid, self._tree[1:])
+            terminate_tree(self.popen.pid, self._tree)
 
     def finish_stop(self, deadline):
         """After begin_stop(): SIGKILL whatever is left at `deadline`, reap it."""
@@ -256,11 +256,12 @@ def _signal_tree(pgid, pids, sig):
             pass
 
 
-def terminate_tree(pgid, descendants=()):
-    """SIGTERM, then SIGCONT (as systemd does): a stopped process (a task frozen by SIGSTOP)
-    acts on its SIGTERM at once instead of sitting out the grace period."""
+def terminate_tree(pgid, pids=()):
+    """SIGTERM, then SIGCONT (as systemd does), to the group and to `pids[1:]`, as
+    _signal_tree: a stopped process (a task frozen by SIGSTOP) acts on its SIGTERM at once
+    instead of sitting out the grace period."""
     for sig in (signal.SIGTERM, signal.SIGCONT):
-        _signal_tree(pgid, [pgid, *descendants], sig)
+        _signal_tree(pgid, pids, sig)
 
 
 def _any_alive(popen, pids):
