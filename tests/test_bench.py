@@ -127,6 +127,51 @@ def test_on_hosts_that_share_this_machines_cores_the_compute_is_independent_trai
     assert ("independent", 4, 0) not in scaling.configurations(cfg, across_hosts=True)
 
 
+def test_where_compute_shares_the_cores_the_exchanges_kernel_cpu_comes_out_of_the_step():
+    """On a simulated cluster the hosts' network stacks run on the cores that compute: the kernel
+    CPU a step beyond the independent trainers', over the cores, is added to α-β's step. With a
+    simulated accelerator, whose cores idle, or hosts of their own, it is not."""
+    def kernel(s, pct):
+        s["cpu_pct_of_core"] = [{"horovod_thread": None, "other_threads": 90.0, "host_kernel": pct}] * s["world_size"]
+        return s
+    runs = {("ring", 1, 0): [kernel(summary("ring", 1, 1000, 0.050), 1.0)],
+            ("ring", 2, 0): [kernel(summary("ring", 2, 900, 0.080), 25.0)],
+            ("independent", 1, 0): [kernel(summary("independent", 1, 1000, 0.050), 1.0)],
+            ("independent", 2, 0): [kernel(summary("independent", 2, 950, 0.060), 2.0)]}
+    site = {"label": "s", "across_hosts": True, "link_rate": "1gbit", "dilation": 1.0, "hosts": 2,
+            "hosts_share_cores": True}
+    rows = {(r["mode"], r["workers"]): r for r in build(runs, dict(CFG, modes=["ring"]), FIT, site=site)["rows"]}
+    ring = rows[("ring", 2)]
+    # 25 % of a core over an 80 ms step, less 2 % over the trainers' 60 ms: 18.8 ms of CPU, 9.4 ms of step on 2 cores
+    assert ring["cpu_host_kernel_pct"] == pytest.approx(25.0)
+    assert ring["exchange_kernel_cpu_ms"] == pytest.approx(20.0 - 1.2)
+    assert ring["kernel_on_compute_ms"] == pytest.approx(18.8 / 2)
+    assert ring["predicted_with_kernel_ms"] == pytest.approx(ring["predicted_step_time_ms"] + 9.4)
+    assert ring["error_with_kernel_pct"] == pytest.approx(100 * (ring["predicted_with_kernel_ms"] - 80) / 80)
+    assert rows[("independent", 2)]["exchange_kernel_cpu_ms"] is None
+    found = scaling_report.markdown(build(runs, dict(CFG, modes=["ring"]), FIT, site=site))
+    assert "the exchange cost the kernel up to 18.8 ms of CPU a step (ring N=2 at 1gbit), 9.4 ms of step" in found
+    for elsewhere in (dict(site, simulated_gpu_ms=40.0), dict(site, hosts_share_cores=False)):
+        ring = next(r for r in build(runs, dict(CFG, modes=["ring"]), FIT, site=elsewhere)["rows"]
+                    if (r["mode"], r["workers"]) == ("ring", 2))
+        assert ring["kernel_on_compute_ms"] is None and ring["error_with_kernel_pct"] is None
+
+
+def test_the_host_kernels_cpu_is_read_with_the_threads():
+    import time
+    from ringtrain.workloads import threadcpu
+    read = threadcpu.SplitReader()
+    start, t0, own = read(), time.monotonic(), os.times().system
+    with open(os.devnull, "wb", buffering=0) as sink:  # system time: a loop of writes
+        while time.monotonic() - t0 < 0.3:
+            sink.write(b"x")
+    seconds, own = time.monotonic() - t0, os.times().system - own
+    pct = threadcpu.percent_of_a_core(start, read(), seconds)
+    assert own > 0.05  # (the loop did spend its time in the kernel)
+    # at least this process's own system time (less a tick each end), at most every core's
+    assert pct["host_kernel"] >= 100 * (own - 0.02) / seconds and pct["host_kernel"] <= 100 * os.cpu_count()
+
+
 def test_alpha_beta_prediction_adds_what_the_exchange_does_not_hide():
     rows = {(r["mode"], r["workers"]): r for r in recorded_result()["rows"]}
     # 1.7 ms of allreduce hides behind 43 ms of backward (2/3 of the 64.5 ms compute), but for the first layer's

@@ -15,6 +15,7 @@ COLUMNS = [
     ("speedup", "speedup"), ("efficiency", "efficiency"), ("ceiling", "% of independent"),
     ("step_ms", "step ms"), ("compute_ms", "compute ms"), ("comm_ms", "exposed comm ms"),
     ("predicted_ms", "α-β step ms"), ("prediction_error", "α-β error"),
+    ("kernel_ms", "exchange kernel CPU ms"), ("with_kernel_error", "α-β + kernel error"),
     ("wire", "wire MB/step"), ("wire_pct", "wire % of theory"),
     ("cpu_horovod", "Horovod thread % core"), ("cpu_other", "other threads % core"), ("scaling", "scaling"),
 ]
@@ -26,9 +27,11 @@ CSV_KEYS = ["mode", "algorithm", "workers", "num_ps", "hosts", "link_rate", "tim
             "per_worker_images_per_sec_ci95", "rounds", "total_images_per_sec", "speedup", "efficiency",
             "efficiency_min", "efficiency_max", "predicted_efficiency", "fraction_of_independent", "step_time_ms",
             "compute_time_ms", "exposed_comm_ms", "predicted_comm_ms", "predicted_step_time_ms",
-            "prediction_error_pct", "wire_bytes_per_step", "wire_bytes_theory", "wire_bytes_pct_of_theory",
+            "prediction_error_pct", "exchange_kernel_cpu_ms", "kernel_on_compute_ms", "predicted_with_kernel_ms",
+            "error_with_kernel_pct", "wire_bytes_per_step", "wire_bytes_theory", "wire_bytes_pct_of_theory",
             "scaling", "global_batch", "per_worker_batch", "timed_windows", "steps", "train_loss", "test_accuracy",
             "staleness_mean", "staleness_max", "cpu_horovod_thread_pct", "cpu_other_threads_pct",
+            "cpu_host_kernel_pct",
             "summary_json", "log"]
 
 
@@ -49,6 +52,8 @@ def table_rows(result):
             "step_ms": tables.fmt(r["step_time_ms"]), "compute_ms": tables.fmt(r["compute_time_ms"]),
             "comm_ms": tables.fmt(r["exposed_comm_ms"]), "predicted_ms": tables.fmt(r["predicted_step_time_ms"]),
             "prediction_error": percent(r["prediction_error_pct"], signed=True),
+            "kernel_ms": tables.fmt(r.get("exchange_kernel_cpu_ms"), 1),
+            "with_kernel_error": percent(r.get("error_with_kernel_pct"), signed=True),
             "wire": tables.fmt(None if r["wire_bytes_per_step"] is None else r["wire_bytes_per_step"] / 1e6, 1),
             "wire_pct": percent(r["wire_bytes_pct_of_theory"], digits=1),
             "cpu_horovod": percent(r.get("cpu_horovod_thread_pct"), digits=1),

@@ -42,10 +42,13 @@ def row(summaries, mode, n, p, runs, cfg, fit, ps_fit, tf_fit, site, cores):
     windows = [w / share for s in runs for per_worker in s.get("window_images_per_sec", []) for w in per_worker]
     window_mean, ci = stats.mean_ci95(windows)
     step = median([mean(s.get("step_time_sec")) for s in runs])
-    compute = compute_seconds(summaries, mode, n, p, site["across_hosts"] and not site.get("hosts_share_cores"))
+    compute = compute_seconds(summaries, mode, n, p, not shares_cores(site))
     predicted = predicted_step_seconds(mode, runs[-1], compute, (tf_fit or fit) if bench_modes.exchange(mode) == "tf"
                                        else fit, ps_fit, site, cfg)
     comm = predicted - compute if predicted is not None else None
+    kernel = exchange_kernel_seconds(summaries, mode, n, runs)
+    on_compute = kernel / cores if kernel is not None and compute_shares_cores(site) else None
+    with_kernel = predicted + on_compute if predicted is not None and on_compute is not None else None
     # (TF's exchange priced on Horovod's fit as well: the report splits TF's step into overlap and transport)
     on_horovods_fit = predicted_step_seconds(mode, runs[-1], compute, fit, ps_fit, site, cfg) \
         if bench_modes.exchange(mode) == "tf" else None
@@ -68,6 +71,9 @@ def row(summaries, mode, n, p, runs, cfg, fit, ps_fit, tf_fit, site, cores):
         "predicted_comm_ms": _ms(comm, k), "predicted_step_time_ms": _ms(predicted, k),
         "predicted_step_on_horovod_fit_ms": _ms(on_horovods_fit, k),
         "prediction_error_pct": 100 * (predicted - step) / step if predicted and step else None,
+        "exchange_kernel_cpu_ms": _ms(kernel, k), "kernel_on_compute_ms": _ms(on_compute, k),
+        "predicted_with_kernel_ms": _ms(with_kernel, k),
+        "error_with_kernel_pct": 100 * (with_kernel - step) / step if with_kernel and step else None,
         "wire_bytes_per_step": wire, "wire_bytes_theory": theory,
         "wire_bytes_pct_of_theory": 100 * wire / theory if wire is not None and theory else None,
         "scaling": cfg["scaling"], "per_worker_batch": per_worker_batch(cfg, n),
@@ -77,6 +83,7 @@ def row(summaries, mode, n, p, runs, cfg, fit, ps_fit, tf_fit, site, cores):
         "staleness_max": runs[-1].get("staleness_max"),
         "cpu_horovod_thread_pct": median([cpu_per_worker(s, "horovod_thread") for s in runs]),
         "cpu_other_threads_pct": median([cpu_per_worker(s, "other_threads") for s in runs]),
+        "cpu_host_kernel_pct": median([cpu_per_worker(s, "host_kernel") for s in runs]),
         "summary_json": runs[-1].get("_summary_json"), "log": runs[-1].get("_log"),
     }
 
@@ -100,6 +107,35 @@ def base_key(summaries, mode, p):
         if key in summaries:
             return key
     return None
+
+
+def shares_cores(site):
+    """The workers share this machine's cores: on one machine, or a simulated cluster."""
+    return not site["across_hosts"] or bool(site.get("hosts_share_cores"))
+
+
+def compute_shares_cores(site):
+    """The exchange's CPU comes out of the compute's: the workers share the
+    cores and compute on them (a simulated accelerator leaves them idle)."""
+    return shares_cores(site) and not site.get("simulated_gpu_ms")
+
+
+def kernel_seconds_per_step(runs):
+    """Core-seconds the workers' hosts' kernel spent per step: its share of a
+    core over the timed windows, times the step (median over rounds)."""
+    values = [cpu_per_worker(s, "host_kernel") / 100 * mean(s["step_time_sec"]) for s in runs
+              if cpu_per_worker(s, "host_kernel") is not None and s.get("step_time_sec")]
+    return median(values) if values else None
+
+
+def exchange_kernel_seconds(summaries, mode, n, runs):
+    """What the exchange cost the kernel per step (sockets, and on a simulated
+    cluster the veths, bridge and shaping between hosts): core-seconds per
+    step beyond the N independent trainers', which exchange nothing."""
+    if mode == "independent":
+        return None
+    this, base = kernel_seconds_per_step(runs), kernel_seconds_per_step(summaries.get(("independent", n, 0)) or [])
+    return max(0.0, this - base) if this is not None and base is not None else None
 
 
 def compute_seconds(summaries, mode, n, p, own_cores):
