@@ -167,6 +167,8 @@ def test_a_dead_host_ends_the_job_with_a_line_naming_it(cluster_to_crash, tmp_pa
         assert time.monotonic() - crashed < 45
         assert named in tasks.log(launcher), tasks.log(launcher)[-3000:]
     assert_no_process_left_on_any_host(cluster)
+    if launcher == "mpirun":  # the dead daemon's session folder stays, in the cluster's folder that `down` removes
+        assert os.path.isdir(os.path.join(cluster.session_tmp, f"ompi.h3.{os.getuid()}"))
 
 
 def test_async_under_mpirun_with_enable_recovery_survives_a_dead_worker(cluster, tmp_path):

@@ -17,7 +17,12 @@ def enter_argv(cluster, host_name, argv, cwd=None):
         raise UsageError(f"{host_name} of cluster {cluster.name} is down (its sshd is gone): "
                          "ringtrain-cluster down, then up")
     return ["nsenter", f"--target={host.sshd_pid}", "--net", "--uts", "--mount",
-            f"--wd={cwd or os.getcwd()}", "--", *argv]
+            f"--wd={cwd or os.getcwd()}", "--", "env", *(f"{k}={v}" for k, v in host_env(cluster).items()), *argv]
+
+
+def host_env(cluster):
+    """What every command on a host has in its environment, entered or over ssh."""
+    return {"OMPI_MCA_orte_tmpdir_base": cluster.session_tmp}
 
 
 def is_our_sshd(cluster, host):

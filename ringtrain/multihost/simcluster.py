@@ -29,7 +29,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 
 from ringtrain.multihost import slurm as slurm_
-from ringtrain.multihost.host_namespaces import NETNS_ETC, enter_argv, is_our_sshd
+from ringtrain.multihost.host_namespaces import NETNS_ETC, enter_argv, host_env, is_our_sshd
 from ringtrain.common.errors import UsageError
 
 STATE_ROOT = "/run/ringtrain-cluster"
@@ -105,6 +105,13 @@ class Cluster:
     @property
     def state_dir(self):
         return os.path.join(STATE_ROOT, self.name)
+
+    @property
+    def session_tmp(self):
+        """Where OpenMPI keeps its session folders on every host (orte_tmpdir_base):
+        removed with the cluster. In the machine's shared /tmp, a crashed host's
+        daemon left its folder behind."""
+        return os.path.join(self.state_dir, "tmp")
 
     @property
     def switch(self):
@@ -249,6 +256,7 @@ def _up(name, hosts, link, log, slurm):
     cluster = Cluster(name, subnet, link,
                       [HostState(f"h{i}", f"{name}-h{i}", f"{prefix}.{i}") for i in range(1, hosts + 1)], slurm)
     os.makedirs(cluster.state_dir, mode=0o700)
+    os.makedirs(cluster.session_tmp)
     cluster.save()  # before the route: `down` removes the route the state names, and no other
     # First: nothing sent to this range from the root namespace may take the default route.
     sh("ip", "route", "add", "unreachable", cluster.subnet)
@@ -345,7 +353,7 @@ def _write_ssh_files(cluster):
 
 def _sshd_config(cluster, host, hostdir):
     env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **host_env(cluster)}
     return (f"ListenAddress {host.address}\nPort 22\n"
             f"HostKey {os.path.join(hostdir, 'ssh_host_ed25519_key')}\n"
             f"AuthorizedKeysFile {os.path.join(cluster.state_dir, 'authorized_keys')}\n"
