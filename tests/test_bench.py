@@ -150,7 +150,7 @@ def test_where_compute_shares_the_cores_the_exchanges_kernel_cpu_comes_out_of_th
     assert ring["error_with_kernel_pct"] == pytest.approx(100 * (ring["predicted_with_kernel_ms"] - 80) / 80)
     assert rows[("independent", 2)]["exchange_kernel_cpu_ms"] is None
     found = scaling_report.markdown(build(runs, dict(CFG, modes=["ring"]), FIT, site=site))
-    assert "the exchange cost the kernel up to 18.8 ms of CPU a step (ring N=2 at 1gbit), 9.4 ms of step" in found
+    assert "ran on the cores that compute: up to 18.8 ms of CPU a step (ring N=2 at 1gbit), 9.4 ms of step" in found
     for elsewhere in (dict(site, simulated_gpu_ms=40.0), dict(site, hosts_share_cores=False)):
         ring = next(r for r in build(runs, dict(CFG, modes=["ring"]), FIT, site=elsewhere)["rows"]
                     if (r["mode"], r["workers"]) == ("ring", 2))

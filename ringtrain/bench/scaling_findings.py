@@ -133,17 +133,18 @@ def alpha_beta(rows):
 
 
 def kernel_on_compute(rows):
-    """Where the workers compute on cores that their hosts' network stacks
-    share: the kernel's CPU that the exchange took from the compute, which
-    α-β's wire time leaves out, and the model's error with it added."""
+    """Where the workers compute on the cores that also run the exchange's
+    kernel work: the CPU it took from the compute, which α-β's wire time
+    leaves out, and the model's error with it added."""
     priced = [r for r in rows if r.get("error_with_kernel_pct") is not None and r["workers"] > 1]
     if not priced:
         return []
     worst = max(priced, key=lambda r: r["kernel_on_compute_ms"])
     errors = [r["error_with_kernel_pct"] for r in priced]
-    return [f"The workers compute on the cores that run their hosts' network stacks: the exchange cost the "
-            f"kernel up to {worst['exchange_kernel_cpu_ms']:.1f} ms of CPU a step ({row_name(worst)}), "
-            f"{worst['kernel_on_compute_ms']:.1f} ms of step over the cores. With it added, α-β was "
+    return [f"The exchange's kernel work (its sockets; between simulated hosts also their veths, bridge and "
+            f"shaping) ran on the cores that compute: up to {worst['exchange_kernel_cpu_ms']:.1f} ms of CPU a step "
+            f"({row_name(worst)}), {worst['kernel_on_compute_ms']:.1f} ms of step over the cores. With it added, "
+            f"α-β was "
             + (f"{errors[0]:+.0f} % off" if len(errors) == 1 else f"{min(errors):+.0f} % to {max(errors):+.0f} % off")
             + " the measured step" + ("s" if len(errors) > 1 else "") + "."]
 
