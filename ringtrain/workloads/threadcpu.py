@@ -26,10 +26,11 @@ def cpu_seconds_by_thread(pid="self"):
 class SplitReader:
     """(Horovod background thread, every other thread, the host's kernel) CPU
     seconds so far, at each call: the first two of `pid`, the first None in a
-    process without that thread (a PS task, say). Cheap enough for every timed window: the process's own
-    total (one file) less that thread's, found by name at the first call,
-    where reading each of a rank's ~60 threads took 3 ms idle here and about
-    6 under load, every 10 steps (DEVELOPERS.md 4.15)."""
+    process without that thread (a PS task, say). Cheap enough for every
+    timed window: the process's own total (one file) less that thread's,
+    found by name at the first call, where reading each of a rank's ~60
+    threads took 3 ms idle here and about 6 under load, every 10 steps
+    (DEVELOPERS.md 4.15)."""
 
     def __init__(self, pid="self"):
         self.pid, self._horovod, self._looked = pid, None, False
