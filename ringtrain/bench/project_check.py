@@ -24,7 +24,7 @@ from ringtrain.bench import stats, tables
 from ringtrain.bench.scaling import link_folder
 from ringtrain.bench.scaling_report import link_text
 from ringtrain.bench import bench_modes
-from ringtrain.bench.scaling_rows import build
+from ringtrain.bench.scaling_rows import build, error_pct
 from ringtrain.common.errors import UsageError
 from ringtrain.workloads.numbers import median, percent
 
@@ -113,9 +113,9 @@ def check_link(result, folder, k):
         checked.append({"link_rate": r["link_rate"], "time_dilation": r["time_dilation"], "mode": r["mode"],
                         "workers": r["workers"], "num_ps": r["num_ps"], "step_time_ms": r["step_time_ms"],
                         "predicted_step_time_ms": r["predicted_step_time_ms"],
-                        "error_pct": error(r["predicted_step_time_ms"], r["step_time_ms"]), "shared_cores_ms": cpu,
+                        "error_pct": error_pct(r["predicted_step_time_ms"], r["step_time_ms"]), "shared_cores_ms": cpu,
                         "predicted_with_shared_cores_ms": with_cpu,
-                        "error_with_shared_cores_pct": error(with_cpu, r["step_time_ms"])})
+                        "error_with_shared_cores_pct": error_pct(with_cpu, r["step_time_ms"])})
     facts = {"link_rate": result["site"].get("link_rate"), "time_dilation": result["site"].get("dilation"),
              "ring_fit": fits["ring"], "tf_fit": fits["tf"], "ps_fit": result.get("alpha_beta_ps"),
              "hosts_share_cores": bool(result["site"].get("hosts_share_cores")),
@@ -135,10 +135,6 @@ def shared_cores_cost(rows, k):
     if not points:
         return None
     return max(0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points))
-
-
-def error(predicted, measured):
-    return 100 * (predicted - measured) / measured if predicted is not None and measured else None
 
 
 MAIN_COLUMNS = ["mode", "n", "link", "measured", "alpha_beta", "error", "with_cpu", "error_cpu"]

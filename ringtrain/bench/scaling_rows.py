@@ -70,10 +70,10 @@ def row(summaries, mode, n, p, runs, cfg, fit, ps_fit, tf_fit, site, cores):
         "exposed_comm_ms": _ms(step - compute, k) if step is not None and compute is not None else None,
         "predicted_comm_ms": _ms(comm, k), "predicted_step_time_ms": _ms(predicted, k),
         "predicted_step_on_horovod_fit_ms": _ms(on_horovods_fit, k),
-        "prediction_error_pct": 100 * (predicted - step) / step if predicted and step else None,
+        "prediction_error_pct": error_pct(predicted, step),
         "exchange_kernel_cpu_ms": _ms(kernel, k), "kernel_on_compute_ms": _ms(on_compute, k),
         "predicted_with_kernel_ms": _ms(with_kernel, k),
-        "error_with_kernel_pct": 100 * (with_kernel - step) / step if with_kernel and step else None,
+        "error_with_kernel_pct": error_pct(with_kernel, step),
         "wire_bytes_per_step": wire, "wire_bytes_theory": theory,
         "wire_bytes_pct_of_theory": 100 * wire / theory if wire is not None and theory else None,
         "scaling": cfg["scaling"], "per_worker_batch": per_worker_batch(cfg, n),
@@ -86,6 +86,11 @@ def row(summaries, mode, n, p, runs, cfg, fit, ps_fit, tf_fit, site, cores):
         "cpu_host_kernel_pct": median([cpu_per_worker(s, "host_kernel") for s in runs]),
         "summary_json": runs[-1].get("_summary_json"), "log": runs[-1].get("_log"),
     }
+
+
+def error_pct(predicted, measured):
+    """How far a prediction was from the measured value, in % of the measured."""
+    return 100 * (predicted - measured) / measured if predicted is not None and measured else None
 
 
 def layer_bytes(model):
