@@ -113,6 +113,37 @@ def test_the_installed_package_imports_the_same_files():
         assert os.path.realpath(importlib.util.find_spec(name).origin) == os.path.realpath(path), name
 
 
+def top_level_imports(path):
+    """Modules a file imports as it is imported: its body's statements, and those of
+    its top-level if, try and with blocks, not a function's, a class's or a script's
+    `if __name__ == "__main__":`."""
+    found, todo = set(), list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            continue
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                     *(s for h in getattr(node, "handlers", []) for s in h.body)]
+    return found
+
+
+def test_no_module_starts_mpi_as_it_is_imported():
+    """`from mpi4py import MPI` is MPI_Init: a process that imports such a module for
+    anything else (a test's pytest worker) becomes a singleton MPI job, with an orted
+    of its own, a folder in OpenMPI's /tmp session tree, and OpenMPI's variables in the
+    environment of every child it starts. mpi4py is imported where it is used."""
+    starts = [name for name, path in modules().items() if "mpi4py.MPI" in top_level_imports(path)]
+    assert starts == []
+    done = subprocess.run([sys.executable, "-c", "import sys; from ringtrain.bench import ring_reference; "
+                           "print('mpi4py.MPI' in sys.modules)"], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr[-2000:]
+
+
 def python_files():
     for folder in (*PACKAGES, "tests", "examples"):
         yield from sorted(pathlib.Path(REPO, folder).rglob("*.py"))

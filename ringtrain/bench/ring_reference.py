@@ -11,7 +11,10 @@ the ring's bus bandwidth does not fall as ranks are added.
     total = ring_allreduce(MPI.COMM_WORLD, np.arange(10.0))   # == MPI_Allreduce(SUM)
 """
 import numpy as np
-from mpi4py import MPI
+
+# (mpi4py is imported where a communicator is used: `from mpi4py import MPI` is MPI_Init, and
+# a process that only reads chunk_bounds, such as a test's, would become a singleton MPI job,
+# its orted started and OpenMPI's variables set in its environment for every child it runs)
 
 
 def chunk_bounds(count, size):
@@ -50,6 +53,7 @@ def _neighbours(comm):
 
 def _as_bytes(a):
     # Raw bytes: point-to-point needs no MPI datatype, so any numpy dtype works.
+    from mpi4py import MPI
     return [a.view(np.uint8), MPI.BYTE]
 
 
@@ -130,6 +134,7 @@ def check_against_mpi(comm, sizes=(0, 1, 2, 3, 5, 7, 64, 1000, 12345), seed=0):
 if __name__ == "__main__":
     # mpirun -np N python -m ringtrain.bench.ring_reference   (exit 0: equal to MPI_Allreduce)
     import sys
+    from mpi4py import MPI
     world = MPI.COMM_WORLD
     problems = check_against_mpi(world)
     every = world.gather(problems, root=0)
