@@ -36,6 +36,11 @@ def in_horovod(run):
         raise
     except Exception as e:
         if "Horovod has been shut down" not in str(e):
+            if hvd.is_initialized() and hvd.size() == 1:
+                # (no peer to wait for: without MPI_Finalize, a one-process run's OpenMPI
+                # left its session folder in /tmp at every error; with peers, Finalize could
+                # wait on ranks still training, so the launcher ends those)
+                hvd.shutdown()
             raise
         # A peer died mid-collective: what the launcher says next names it; say it in one line here.
         rank = launched_rank()

@@ -128,11 +128,14 @@ def test_a_signal_before_training_starts_ends_the_run_at_once_with_one_line(tmp_
 
 
 def test_a_checkpoint_folder_that_cannot_be_written_at_the_signal_is_one_line_and_not_resumable(tmp_path):
+    sessions = tmp_path / "ompi"  # (OpenMPI's session folders of this one-process MPI job)
+    sessions.mkdir()
     with own_tmpfs(tmp_path / "disk", "ringtrain-test-ro", "size=16m") as disk, Tasks(str(tmp_path)) as tasks:
         ckpt = disk / "ckpt"
-        tasks.start("job", [os.path.join(BIN, "ringtrain"), *SMALL, "--steps", "100000", "--checkpoint-dir",
-                            str(ckpt)])
+        tasks.start("job", ["env", f"OMPI_MCA_orte_tmpdir_base={sessions}", os.path.join(BIN, "ringtrain"), *SMALL,
+                            "--steps", "100000", "--checkpoint-dir", str(ckpt)])
         tasks.wait_for_text("job", re.compile(r"\bstep 30/"), 120)
+        assert list(sessions.rglob("jf.*")), sorted(map(str, sessions.rglob("*")))  # (its orted's, as it trains)
         subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
         tasks.procs["job"].popen.send_signal(signal.SIGUSR1)
         code = tasks.wait("job", 60)
@@ -141,3 +144,5 @@ def test_a_checkpoint_folder_that_cannot_be_written_at_the_signal_is_one_line_an
     assert code == 3, log[-3000:]
     errors = [line for line in log.splitlines() if "error:" in line]
     assert len(errors) == 1 and "cannot write the checkpoint of step" in errors[0] and "read-only" in errors[0], log
+    # it ended with MPI_Finalize: OpenMPI removed the session folder
+    assert not list(sessions.rglob("jf.*")), sorted(map(str, sessions.rglob("*")))
