@@ -26,14 +26,20 @@ def modules():
     return found
 
 
+def imported(node):
+    """What an import statement may import, by absolute name (`from a import b`: a and a.b); else nothing."""
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        return {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names}
+    return set()
+
+
 def imports_of(name, path, known):
     """The project's modules that `name` imports, at the top or inside a function."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out |= {t for t in [node.module] + [f"{node.module}.{a.name}" for a in node.names] if t in known}
-        elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name in known}
+        out |= imported(node) & set(known)
     return out - {name}
 
 
@@ -120,11 +126,8 @@ def top_level_imports(path):
     found, todo = set(), list(ast.parse(path.read_text()).body)
     while todo:
         node = todo.pop()
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        elif isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+        found |= imported(node)
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
             continue
         elif isinstance(node, (ast.If, ast.Try, ast.With)):
             todo += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
