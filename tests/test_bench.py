@@ -226,6 +226,36 @@ def test_tf_collective_hides_nothing_behind_backprop_and_is_set_against_horovod(
     assert rows[("tf-collective", 2)]["predicted_step_on_horovod_fit_ms"] < 66.2 - 0.1
 
 
+def test_ring_rows_that_gloo_carried_are_priced_with_horovods_allreduce_over_gloo():
+    """Across hosts Gloo carries ring mode's gradients (--cpu-operations auto): where the link fit has
+    Horovod over Gloo, those rows, and TF's exchange set beside them, are priced with it; a ring row
+    that OpenMPI carried keeps OpenMPI's fit."""
+    summaries = {(mode, n, 0): [summary(mode, n, rate, step)] for mode, n, rate, step in (
+        ("ring", 1, 1000, 0.064), ("ring", 2, 950, 0.067), ("tf-collective", 1, 900, 0.070),
+        ("tf-collective", 2, 760, 0.084), ("independent", 1, 1010, 0.063), ("independent", 2, 990, 0.0645))}
+    for s in summaries[("tf-collective", 2, 0)] + summaries[("tf-collective", 1, 0)]:
+        s.update(gradient_bytes=GRADIENT_BYTES, allreduce_algorithm="tf ring")
+    summaries[("ring", 2, 0)][0]["allreduce_algorithm"] = "gloo ring"
+    gloo = {"alpha_sec": 80e-6, "beta_sec_per_byte": 1 / 0.3e9, "bandwidth_gb_per_sec": 0.3}
+    tf_fit = {"alpha_sec": 500e-6, "beta_sec_per_byte": 1 / 0.4e9, "bandwidth_gb_per_sec": 0.4}
+    cfg = dict(CFG, modes=["ring", "tf-collective"])
+    step = lambda result, mode, key="predicted_step_time_ms": next(r[key] for r in result["rows"]
+                                                                   if (r["mode"], r["workers"]) == (mode, 2))
+    result = build(summaries, cfg, FIT, tf_fit=tf_fit, gloo_fit=gloo)
+    on_gloo = build(summaries, cfg, gloo, tf_fit=tf_fit)  # (every Horovod row priced with Gloo's fit)
+    assert step(result, "ring") == pytest.approx(step(on_gloo, "ring")) != pytest.approx(RING_AB_MS)
+    assert step(result, "tf-collective", "predicted_step_on_horovod_fit_ms") == \
+        pytest.approx(step(on_gloo, "tf-collective", "predicted_step_on_horovod_fit_ms"))
+    assert result["alpha_beta_gloo"] == gloo
+    text = scaling_report.markdown(result)
+    assert "ring rows whose gradients Gloo carried: Horovod's allreduce over Gloo (horovod-gloo): α = 80.0 us, " \
+        "1/β = 300.0 MB/s" in text
+    assert "transport (TF's ring 400.0 MB/s, Gloo's 300.0 MB/s)" in text
+    # the same row carried by OpenMPI: OpenMPI's fit, as before
+    summaries[("ring", 2, 0)][0]["allreduce_algorithm"] = "mpi ring"
+    assert step(build(summaries, cfg, FIT, tf_fit=tf_fit, gloo_fit=gloo), "ring") == pytest.approx(RING_AB_MS)
+
+
 def test_the_allreduces_follow_backprop_and_only_what_outlasts_it_shows():
     one_byte_a_ms = lambda nbytes: nbytes * 1e-3  # an allreduce: 1 ms a byte
     # two layers, backward 1 s: the last layer's gradients are ready at 0.5 s and sent by 0.6 s; the first

@@ -37,14 +37,18 @@ def test_scaling_on_a_simulated_cluster_it_builds_gives_every_column_and_bytes_m
         assert set(CSV_KEYS) <= set(row)
         assert row["link_rate"] == "2gbit" and row["time_dilation"] == 2
         assert row["predicted_step_time_ms"] and row["total_images_per_sec"] > 0
-    # (under mpirun across hosts Gloo carries ring mode's gradients: --cpu-operations auto)
+    # (under mpirun across hosts Gloo carries ring mode's gradients: --cpu-operations auto; α-β prices them
+    # with Horovod's allreduce over Gloo, fitted on these links beside OpenMPI's ring)
     assert rows[("ring", 2)]["algorithm"] == "gloo ring" and rows[("ring", 2)]["hosts"] == 2
+    assert all(fit_at(result[key], 2)["bandwidth_gb_per_sec"] > 0 for key in ("alpha_beta_gloo", "alpha_beta"))
     for mode in ("ring", "ps-sync"):
         assert abs(rows[(mode, 2)]["wire_bytes_pct_of_theory"] - 100) <= 10, rows[(mode, 2)]
     text = (tmp_path / "scaling.md").read_text()
     for _, header in COLUMNS:
         assert header in text
     assert "2gbit (÷2)" in text and "What the rows show, together" in text and "Time dilation 2" in out
+    assert "ring rows whose gradients Gloo carried: Horovod's allreduce over Gloo (horovod-gloo)" in \
+        (tmp_path / "2gbit-dilated2" / "scaling.md").read_text()
     assert (tmp_path / "2gbit-dilated2" / "scaling_throughput.png").stat().st_size > 0
     # (efficiency's plot is the hostfile's run's: it needs the N = 1 rows)
     assert not (tmp_path / "2gbit-dilated2" / "scaling_efficiency.png").exists()

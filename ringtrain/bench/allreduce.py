@@ -40,6 +40,7 @@ IMPL_ORDER = ["mpi4py", "mpi-ring", "mpi-segmented_ring", "mpi-rabenseifner", "m
               "horovod-gloo", "horovod-gloo-eager", "horovod-gloo-grads", "tf-ring", "tf-ring-grads", "grpc-ps",
               "memcpy"]
 FIT_IMPL = "horovod-mpi"  # the ring rows' alpha-beta model: Horovod as training calls it
+GLOO_FIT_IMPL = "horovod-gloo"  # the ring rows whose gradients Gloo carried: Horovod over Gloo, as training calls it
 TF_FIT_IMPL = "tf-ring"   # the TF collective rows': TF's own ring, as training calls it
 PS_FIT_IMPL = "grpc-ps"   # the PS rows' alpha-beta model: TF's gRPC push and pull
 GRPC_MAX_BYTES = 128 << 20  # gRPC moves ~1 GB/s here: larger sizes only cost minutes

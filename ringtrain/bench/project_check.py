@@ -28,7 +28,7 @@ from ringtrain.bench.scaling_rows import build, error_pct
 from ringtrain.common.errors import UsageError
 from ringtrain.workloads.numbers import median, percent
 
-FIT_IMPLS = {"ring": "mpi-ring", "tf": "tf-ring"}  # the link fit's rows behind each family's fit
+FIT_IMPLS = {"ring": "mpi-ring", "gloo": "horovod-gloo", "tf": "tf-ring"}  # the link fit's rows behind each fit
 COLUMNS = [("link", "link"), ("mode", "mode"), ("n", "N (PS)"), ("measured", "measured step ms"),
            ("alpha_beta", "α-β step ms"), ("error", "α-β error"), ("with_cpu", "with shared cores ms"),
            ("error_cpu", "error with shared cores")]
@@ -65,7 +65,8 @@ def per_link(path):
 
 
 def fits_up_to(folder, k):
-    """{"ring", "tf": α-β fit} from the run's own allreduce timings at 2..k ranks."""
+    """{"ring", "gloo", "tf": α-β fit} from the run's own allreduce timings at 2..k
+    ranks (None where the link fit has none: Gloo's before 2026-11-28)."""
     try:
         with open(os.path.join(folder, "link-fit", "allreduce.json")) as f:
             timings = json.load(f)["rows"]
@@ -102,7 +103,7 @@ def check_link(result, folder, k):
     fits = fits_up_to(folder, k)
     cfg = dict(result["config"], cores=result["environment"].get("cores"))
     rows = build(summaries_of(result, folder), cfg, fits["ring"], result.get("alpha_beta_ps"), site=result["site"],
-                 environment=result["environment"], tf_fit=fits["tf"])["rows"]
+                 environment=result["environment"], tf_fit=fits["tf"], gloo_fit=fits["gloo"])["rows"]
     kappa = shared_cores_cost(rows, k) if result["site"].get("hosts_share_cores") else None
     checked = []
     for r in rows:
@@ -117,7 +118,8 @@ def check_link(result, folder, k):
                         "predicted_with_shared_cores_ms": with_cpu,
                         "error_with_shared_cores_pct": error_pct(with_cpu, r["step_time_ms"])})
     facts = {"link_rate": result["site"].get("link_rate"), "time_dilation": result["site"].get("dilation"),
-             "ring_fit": fits["ring"], "tf_fit": fits["tf"], "ps_fit": result.get("alpha_beta_ps"),
+             "ring_fit": fits["ring"], "gloo_fit": fits["gloo"], "tf_fit": fits["tf"],
+             "ps_fit": result.get("alpha_beta_ps"),
              "hosts_share_cores": bool(result["site"].get("hosts_share_cores")),
              "kappa_ms_per_mb": kappa}
     return checked, facts
@@ -156,9 +158,11 @@ def method(result):
             f"ranks; every row's α-β step is the scaling bench's, with that fit (bench/COLUMNS.md, "
             f"section Projection).\n\n")
     for link in result["links"]:
-        ring, tf = link["ring_fit"], link["tf_fit"]
+        ring, gloo, tf = link["ring_fit"], link.get("gloo_fit"), link["tf_fit"]
         text += (f"- {link_text(link)}: ring α = {ring['alpha_sec'] * 1e6:.1f} us, "
                  f"1/β = {(ring['bandwidth_gb_per_sec'] or 0) * 1e3:.1f} MB/s"
+                 + (f"; Horovod over Gloo α = {gloo['alpha_sec'] * 1e6:.1f} us, "
+                    f"1/β = {(gloo['bandwidth_gb_per_sec'] or 0) * 1e3:.1f} MB/s" if gloo else "")
                  + (f"; TF's ring 1/β = {(tf['bandwidth_gb_per_sec'] or 0) * 1e3:.1f} MB/s" if tf else "")
                  + (f"; the shared cores cost {link['kappa_ms_per_mb']:.3f} ms per MB the hosts send per step"
                     if link["kappa_ms_per_mb"] is not None else "; hosts with cores of their own") + "\n")

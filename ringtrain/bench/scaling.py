@@ -125,8 +125,9 @@ def run_tagged(tag, make_command, out_dir, site, timeout, log):
 
 
 def load_alpha_beta(path):
-    """{"ring", "tf", "ps": fit} from an allreduce.json, if there is one: the
-    fits of Horovod's allreduce, TF's collective one and the gRPC push/pull."""
+    """{"ring", "gloo", "tf", "ps": fit} from an allreduce.json, if there is one:
+    the fits of Horovod's allreduce over MPI and over Gloo, TF's collective one
+    and the gRPC push/pull."""
     if not path or not os.path.exists(path):
         return {}
     with open(path) as f:
@@ -134,22 +135,26 @@ def load_alpha_beta(path):
     fits, used = ar.get("alpha_beta", {}), {"ring": "alpha_beta_used_for_predictions",
                                              "tf": "alpha_beta_used_for_tf_predictions",
                                              "ps": "alpha_beta_used_for_ps_predictions"}
-    return {family: fits.get(ar.get(key)) for family, key in used.items()}
+    return dict({family: fits.get(ar.get(key)) for family, key in used.items()},
+                gloo=fits.get(allreduce.GLOO_FIT_IMPL))
 
 
 def fit_links(cfg, out_dir, site, log):
     """α and β of these hosts' links: OpenMPI's ring allreduce across them (at
-    every N of the run, at least 2), TF's own ring where the run has TF's
-    collective mode, and a gRPC push and pull between two of them."""
+    every N of the run, at least 2); where the run has a Horovod ring, Horovod's
+    allreduce over Gloo, which carries ring mode's gradients across hosts
+    (--cpu-operations auto) and ring-gloo's; TF's own ring where the run has
+    TF's collective mode; and a gRPC push and pull between two of them."""
     ranks = sorted({max(n, 2) for n in cfg["np"]})
     result = allreduce.run(ranks, tables.parse_sizes(LINK_FIT_SIZES), os.path.join(out_dir, "link-fit"),
-                           model=cfg["model"], trials=2, warmup=1, gloo=False, horovod=False, timeout=cfg["timeout"],
+                           model=cfg["model"], trials=2, warmup=1, horovod=False, timeout=cfg["timeout"],
+                           gloo=any(bench_modes.is_ring(mode) for mode in cfg["modes"]),
                            site=site, mpi_algorithms=["ring"], log=log, tf="tf-collective" in cfg["modes"])
 
     def fits_of(impl):  # {"N": fit at N ranks, "all": over every N}
         return {key.partition("@")[2] or "all": fit for key, fit in result["alpha_beta"].items()
                 if key.partition("@")[0] == impl} or None
-    return {"ring": fits_of("mpi-ring"), "tf": fits_of(allreduce.TF_FIT_IMPL),
+    return {"ring": fits_of("mpi-ring"), "gloo": fits_of(allreduce.GLOO_FIT_IMPL), "tf": fits_of(allreduce.TF_FIT_IMPL),
             "ps": result["alpha_beta"].get("grpc-ps")}
 
 
@@ -166,7 +171,7 @@ def run(cfg, out_dir, log=print, site=None):
         for mode, n, p in configurations(cfg, site.across_hosts, hosts_share_cores(site)):
             summaries.setdefault((mode, n, p), []).append(run_one(mode, n, p, cfg, out_dir, site, log, round_=r))
     result = build(summaries, cfg, fits.get("ring"), fits.get("ps"), site=site_facts(site, cfg),
-                   environment=environment, tf_fit=fits.get("tf"))
+                   environment=environment, tf_fit=fits.get("tf"), gloo_fit=fits.get("gloo"))
     result["environment"]["load_average_at_end"] = list(os.getloadavg())
     write(result, out_dir)
     return result

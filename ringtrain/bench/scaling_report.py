@@ -6,6 +6,7 @@ import os
 
 from ringtrain.bench import plots, tables
 from ringtrain.bench.scaling_findings import find_row as _row, link_text, row_name, sentences as finding_sentences
+from ringtrain.workloads.horovod_env import GLOO_RING
 from ringtrain.workloads.numbers import percent
 from ringtrain.workloads.summary import dumps
 
@@ -146,6 +147,8 @@ def notes(result):
         text += "\nα-β models" + (f" (gradients {grad / 1e6:.2f} MB per step)" if grad else "") + \
                 ", as measured (before any time dilation is divided out):\n\n"
         fits = (per_rank_count(f"ring rows: {ring_source}", fit)
+                + per_rank_count("ring rows whose gradients Gloo carried: Horovod's allreduce over Gloo "
+                                 "(horovod-gloo)", result.get("alpha_beta_gloo"))
                 + per_rank_count("TF collective rows: TF's own ring all-reduce (tf-ring)", result.get("alpha_beta_tf")))
         for label, f in fits + [("PS rows: TF gRPC push + pull (grpc-ps)", ps_fit)]:
             if f:
@@ -240,10 +243,12 @@ def horovod_against_tf(result):
 def overlap_and_transport(result, ring, tf):
     """α-β's ratio as two factors: TF's exchange (its buckets, in order) priced
     with Horovod's fit, over Horovod's step, is the overlap; TF's step over
-    that is TF's ring against OpenMPI's on the same links."""
+    that is TF's ring against Horovod's transport (OpenMPI's ring, or Gloo's)
+    on the same links."""
     from ringtrain.bench.scaling_rows import fit_at
-    fits, n, same_links = (result.get("alpha_beta"), result.get("alpha_beta_tf")), tf["workers"], \
-        tf.get("predicted_step_on_horovod_fit_ms")
+    gloo = ring["algorithm"] == GLOO_RING and result.get("alpha_beta_gloo")
+    fits, n, same_links = (result.get("alpha_beta_gloo" if gloo else "alpha_beta"), result.get("alpha_beta_tf")), \
+        tf["workers"], tf.get("predicted_step_on_horovod_fit_ms")
     if not all(fits) or n < 2 or not same_links or not ring["predicted_step_time_ms"] or \
             not tf["predicted_step_time_ms"]:
         return ""
@@ -252,7 +257,7 @@ def overlap_and_transport(result, ring, tf):
     return (f" = {same_links / ring['predicted_step_time_ms']:.2f}x overlap (what of each exchange outlasts "
             f"backprop: Horovod's fused allreduces, TF's buckets in order) × "
             f"{tf['predicted_step_time_ms'] / same_links:.2f}x transport (TF's ring {mb_per_sec(tf_fit):.1f} MB/s, "
-            f"OpenMPI's {mb_per_sec(horovod_fit):.1f} MB/s)")
+            f"{'Gloo' if gloo else 'OpenMPI'}'s {mb_per_sec(horovod_fit):.1f} MB/s)")
 
 
 # --- over several link rates ---------------------------------------------------

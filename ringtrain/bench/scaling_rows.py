@@ -7,26 +7,30 @@ time is divided by K and every rate multiplied by K: the rows speak of the
 emulated cluster."""
 from ringtrain.bench import bench_modes, stats
 from ringtrain.bench.environment import describe, usable_cores
+from ringtrain.workloads.horovod_env import GLOO_RING
 from ringtrain.workloads.numbers import mean, median
 
 
-def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None, tf_fit=None):
+def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None, tf_fit=None, gloo_fit=None):
     """summaries: {(mode, N, P): [summary of each round]}. fit: the ring α-β
     fit (Horovod's allreduce on one machine, OpenMPI's ring across hosts);
-    ps_fit: the gRPC push/pull fit; tf_fit: TF's own collective all-reduce's
-    (without it, TF's collective rows are predicted with the ring fit)."""
+    gloo_fit: Horovod's allreduce over Gloo, for the ring rows whose gradients
+    Gloo carried (without it, those use `fit`); ps_fit: the gRPC push/pull fit;
+    tf_fit: TF's own collective all-reduce's (without it, TF's collective rows
+    are predicted with the fit of mode ring's transport)."""
     site = site or {"label": "this machine", "across_hosts": False, "link_rate": None, "dilation": 1.0,
                     "hosts": 1}
     cores = cfg.get("cores") or usable_cores()
     if any(bench_modes.all_reduces(mode) for mode, _, _ in summaries) and not cfg.get("layer_bytes"):
         cfg = dict(cfg, layer_bytes=layer_bytes(cfg["model"]))
-    rows = [row(summaries, mode, n, p, runs, cfg, fit, ps_fit, tf_fit, site, cores)
-            for (mode, n, p), runs in summaries.items()]
+    fits = {"mpi": fit, "gloo": gloo_fit, "tf": tf_fit, "ps": ps_fit}
+    rows = [row(summaries, mode, n, p, runs, cfg, fits, site, cores) for (mode, n, p), runs in summaries.items()]
     for r in rows:
         add_ratios(r, rows)
     order = list(cfg["modes"]) + ["independent"]
     rows.sort(key=lambda r: (order.index(r["mode"]) if r["mode"] in order else 9, r["num_ps"], r["workers"]))
     return {"rows": rows, "gaps": gaps(rows), "alpha_beta": fit, "alpha_beta_ps": ps_fit, "alpha_beta_tf": tf_fit,
+            "alpha_beta_gloo": gloo_fit,
             "gradient_bytes": next((s[-1].get("gradient_bytes") for s in summaries.values()
                                     if s[-1].get("gradient_bytes")), cfg.get("gradient_bytes")),
             "site": site,
@@ -34,8 +38,22 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None, tf_fit=
             "environment": environment or cfg.get("environment") or describe(threads_per_worker=cfg["threads"])}
 
 
-def row(summaries, mode, n, p, runs, cfg, fit, ps_fit, tf_fit, site, cores):
-    """The table's row of (mode, N, P) from its rounds' summaries."""
+def transport_fit(summary, fit, gloo_fit):
+    """The fit of what carried a Horovod run's gradients: Horovod over Gloo where
+    Gloo did (ring-gloo, and ring under mpirun across hosts: --cpu-operations
+    auto) and the run has that fit, else `fit`."""
+    return gloo_fit if gloo_fit and summary.get("allreduce_algorithm") == GLOO_RING else fit
+
+
+def rings_fit(summaries, n, fits):
+    """The fit of what carried mode ring's gradients at N = n (at any N, in a run
+    without ring at n), which TF's rows are set beside."""
+    runs = summaries.get(("ring", n, 0)) or next((r for (mode, _, _), r in summaries.items() if mode == "ring"), [{}])
+    return transport_fit(runs[-1], fits["mpi"], fits["gloo"])
+
+
+def row(summaries, mode, n, p, runs, cfg, fits, site, cores):
+    """The table's row of (mode, N, P) from its rounds' summaries; fits: build's."""
     k = site.get("dilation") or 1.0
     # in-graph, TF2 PS and towers: one process times every worker's samples; per worker is its share
     share = n if bench_modes.one_timer(mode) else 1
@@ -43,15 +61,17 @@ def row(summaries, mode, n, p, runs, cfg, fit, ps_fit, tf_fit, site, cores):
     window_mean, ci = stats.mean_ci95(windows)
     step = median([mean(s.get("step_time_sec")) for s in runs])
     compute = compute_seconds(summaries, mode, n, p, not shares_cores(site))
-    predicted = predicted_step_seconds(mode, runs[-1], compute, (tf_fit or fit) if bench_modes.exchange(mode) == "tf"
-                                       else fit, ps_fit, site, cfg)
+    tf = bench_modes.exchange(mode) == "tf"
+    horovods = rings_fit(summaries, n, fits) if tf else None
+    own = (fits["tf"] or horovods) if tf else transport_fit(runs[-1], fits["mpi"], fits["gloo"])
+    predicted = predicted_step_seconds(mode, runs[-1], compute, own, fits["ps"], site, cfg)
     comm = predicted - compute if predicted is not None else None
     kernel = exchange_kernel_seconds(summaries, mode, n, runs)
     on_compute = kernel / cores if kernel is not None and compute_shares_cores(site) else None
     with_kernel = predicted + on_compute if predicted is not None and on_compute is not None else None
     # (TF's exchange priced on Horovod's fit as well: the report splits TF's step into overlap and transport)
-    on_horovods_fit = predicted_step_seconds(mode, runs[-1], compute, fit, ps_fit, site, cfg) \
-        if bench_modes.exchange(mode) == "tf" else None
+    on_horovods_fit = predicted_step_seconds(mode, runs[-1], compute, horovods, fits["ps"], site, cfg) \
+        if tf else None
     wire = median([measured_wire_bytes(s) for s in runs]) if site["across_hosts"] else None
     theory = theory_wire_bytes(mode, runs[-1]) if site["across_hosts"] else None
     procs = 1 if mode == "towers" else n + p  # towers: one process, a pool thread per tower

@@ -97,11 +97,14 @@ def ringtrains_mpi_env(algorithm="ring", busy_wait=False):
     return dict(mpi_allreduce_env(algorithm), **MPI_TCP_LINKS, **({} if busy_wait else MPI_YIELD_WHEN_IDLE))
 
 
+GLOO_RING = "gloo ring"
+
+
 def allreduce_algorithm_in_effect(controller, environ=None):
     """What carried the gradients, for the summary."""
     env = os.environ if environ is None else environ
     if controller == "gloo" or env.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo":
-        return "gloo ring"
+        return GLOO_RING
     forced = env.get("OMPI_MCA_coll_tuned_allreduce_algorithm", "")
     if env.get("OMPI_MCA_coll_tuned_use_dynamic_rules", "").lower() in ("1", "true") and forced.isdigit():
         names = {number: name for name, number in MPI_ALLREDUCE_ALGORITHMS.items()}
