@@ -6,7 +6,6 @@ import os
 
 from ringtrain.bench import plots, tables
 from ringtrain.bench.scaling_findings import find_row as _row, link_text, row_name, sentences as finding_sentences
-from ringtrain.workloads.horovod_env import GLOO_RING
 from ringtrain.workloads.numbers import percent
 from ringtrain.workloads.summary import dumps
 
@@ -245,10 +244,11 @@ def overlap_and_transport(result, ring, tf):
     with Horovod's fit, over Horovod's step, is the overlap; TF's step over
     that is TF's ring against Horovod's transport (OpenMPI's ring, or Gloo's)
     on the same links."""
-    from ringtrain.bench.scaling_rows import fit_at
-    gloo = ring["algorithm"] == GLOO_RING and result.get("alpha_beta_gloo")
-    fits, n, same_links = (result.get("alpha_beta_gloo" if gloo else "alpha_beta"), result.get("alpha_beta_tf")), \
-        tf["workers"], tf.get("predicted_step_on_horovod_fit_ms")
+    from ringtrain.bench.scaling_rows import fit_at, transport_fit
+    horovods = transport_fit(ring["algorithm"], result.get("alpha_beta"), result.get("alpha_beta_gloo"))
+    gloo = horovods is not result.get("alpha_beta")
+    fits, n, same_links = (horovods, result.get("alpha_beta_tf")), tf["workers"], \
+        tf.get("predicted_step_on_horovod_fit_ms")
     if not all(fits) or n < 2 or not same_links or not ring["predicted_step_time_ms"] or \
             not tf["predicted_step_time_ms"]:
         return ""

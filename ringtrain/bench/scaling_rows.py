@@ -38,18 +38,19 @@ def build(summaries, cfg, fit, ps_fit=None, site=None, environment=None, tf_fit=
             "environment": environment or cfg.get("environment") or describe(threads_per_worker=cfg["threads"])}
 
 
-def transport_fit(summary, fit, gloo_fit):
-    """The fit of what carried a Horovod run's gradients: Horovod over Gloo where
-    Gloo did (ring-gloo, and ring under mpirun across hosts: --cpu-operations
-    auto) and the run has that fit, else `fit`."""
-    return gloo_fit if gloo_fit and summary.get("allreduce_algorithm") == GLOO_RING else fit
+def transport_fit(algorithm, fit, gloo_fit):
+    """The fit of what carried a Horovod run's gradients (its `algorithm`, as
+    its summary says): Horovod over Gloo where Gloo did (ring-gloo, and ring
+    under mpirun across hosts: --cpu-operations auto) and the run has that
+    fit, else `fit`."""
+    return gloo_fit if gloo_fit and algorithm == GLOO_RING else fit
 
 
 def rings_fit(summaries, n, fits):
     """The fit of what carried mode ring's gradients at N = n (at any N, in a run
     without ring at n), which TF's rows are set beside."""
     runs = summaries.get(("ring", n, 0)) or next((r for (mode, _, _), r in summaries.items() if mode == "ring"), [{}])
-    return transport_fit(runs[-1], fits["mpi"], fits["gloo"])
+    return transport_fit(runs[-1].get("allreduce_algorithm"), fits["mpi"], fits["gloo"])
 
 
 def row(summaries, mode, n, p, runs, cfg, fits, site, cores):
@@ -63,7 +64,8 @@ def row(summaries, mode, n, p, runs, cfg, fits, site, cores):
     compute = compute_seconds(summaries, mode, n, p, not shares_cores(site))
     tf = bench_modes.exchange(mode) == "tf"
     horovods = rings_fit(summaries, n, fits) if tf else None
-    own = (fits["tf"] or horovods) if tf else transport_fit(runs[-1], fits["mpi"], fits["gloo"])
+    own = (fits["tf"] or horovods) if tf else transport_fit(runs[-1].get("allreduce_algorithm"), fits["mpi"],
+                                                            fits["gloo"])
     predicted = predicted_step_seconds(mode, runs[-1], compute, own, fits["ps"], site, cfg)
     comm = predicted - compute if predicted is not None else None
     kernel = exchange_kernel_seconds(summaries, mode, n, runs)
