@@ -20,7 +20,7 @@ import glob
 import json
 import os
 
-from ringtrain.bench import stats, tables
+from ringtrain.bench import allreduce, stats, tables
 from ringtrain.bench.scaling import link_folder
 from ringtrain.bench.scaling_report import link_text
 from ringtrain.bench import bench_modes
@@ -28,7 +28,8 @@ from ringtrain.bench.scaling_rows import build, error_pct
 from ringtrain.common.errors import UsageError
 from ringtrain.workloads.numbers import median, percent
 
-FIT_IMPLS = {"ring": "mpi-ring", "gloo": "horovod-gloo", "tf": "tf-ring"}  # the link fit's rows behind each fit
+# the link fit's rows behind each fit (scaling.fit_links)
+FIT_IMPLS = {"ring": "mpi-ring", "gloo": allreduce.GLOO_FIT_IMPL, "tf": allreduce.TF_FIT_IMPL}
 COLUMNS = [("link", "link"), ("mode", "mode"), ("n", "N (PS)"), ("measured", "measured step ms"),
            ("alpha_beta", "α-β step ms"), ("error", "α-β error"), ("with_cpu", "with shared cores ms"),
            ("error_cpu", "error with shared cores")]
