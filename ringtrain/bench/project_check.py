@@ -20,16 +20,14 @@ import glob
 import json
 import os
 
-from ringtrain.bench import allreduce, stats, tables
-from ringtrain.bench.scaling import link_folder
+from ringtrain.bench import stats, tables
+from ringtrain.bench.scaling import LINK_FIT_IMPLS, link_folder
 from ringtrain.bench.scaling_report import link_text
 from ringtrain.bench import bench_modes
 from ringtrain.bench.scaling_rows import build, error_pct
 from ringtrain.common.errors import UsageError
 from ringtrain.workloads.numbers import median, percent
 
-# the link fit's rows behind each fit (scaling.fit_links)
-FIT_IMPLS = {"ring": "mpi-ring", "gloo": allreduce.GLOO_FIT_IMPL, "tf": allreduce.TF_FIT_IMPL}
 COLUMNS = [("link", "link"), ("mode", "mode"), ("n", "N (PS)"), ("measured", "measured step ms"),
            ("alpha_beta", "α-β step ms"), ("error", "α-β error"), ("with_cpu", "with shared cores ms"),
            ("error_cpu", "error with shared cores")]
@@ -75,7 +73,7 @@ def fits_up_to(folder, k):
         raise UsageError(f"--check: {folder} has no link fit to refit ({e}): give a run across hosts that "
                          "ringtrain-bench scaling wrote") from None
     fits = {}
-    for family, impl in FIT_IMPLS.items():
+    for family, impl in LINK_FIT_IMPLS.items():
         points = [(r["bytes"], r["world_size"], median(r["trial_seconds"])) for r in timings
                   if r["impl"] == impl and r["world_size"] <= k]
         fits[family] = stats.fit_alpha_beta(points)

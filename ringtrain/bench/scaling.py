@@ -17,6 +17,9 @@ MODES = bench_modes.scaling_modes()
 # The α-β fit of a link, plus the model's gradient size. From 1 MB up: smaller messages
 # pass within a token bucket's burst, faster than the link's rate.
 LINK_FIT_SIZES = "1M..16M"
+# The link fit's allreduce timings behind each family of rows' α-β fit: OpenMPI's ring, Horovod
+# over Gloo, TF's own ring (the gRPC push and pull for PS is a fit of its own)
+LINK_FIT_IMPLS = {"ring": "mpi-ring", "gloo": allreduce.GLOO_FIT_IMPL, "tf": allreduce.TF_FIT_IMPL}
 
 
 def ps_counts(cfg, workers):
@@ -154,8 +157,8 @@ def fit_links(cfg, out_dir, site, log):
     def fits_of(impl):  # {"N": fit at N ranks, "all": over every N}
         return {key.partition("@")[2] or "all": fit for key, fit in result["alpha_beta"].items()
                 if key.partition("@")[0] == impl} or None
-    return {"ring": fits_of("mpi-ring"), "gloo": fits_of(allreduce.GLOO_FIT_IMPL), "tf": fits_of(allreduce.TF_FIT_IMPL),
-            "ps": result["alpha_beta"].get("grpc-ps")}
+    return dict({family: fits_of(impl) for family, impl in LINK_FIT_IMPLS.items()},
+                ps=result["alpha_beta"].get(allreduce.PS_FIT_IMPL))
 
 
 def run(cfg, out_dir, log=print, site=None):
