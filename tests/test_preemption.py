@@ -19,8 +19,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 EXIT_PREEMPTED = 75
 SMALL = ["--model", "mnist_cnn", "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.05", "--no-dropout",
          "--log-every", "10", "--checkpoint-every", "100000", *ONE_THREAD]
-STEPS = 300  # the job's length: the signal lands around step 40, whatever the machine's speed
-# (mpirun passes Ctrl-C on 5 s late, up to 250 steps; a PS task's flag stops training within a step or two)
+STEPS = 600  # the job's length: the signal lands around step 40, whatever the machine's speed
+# (mpirun passes Ctrl-C on 5 s late: 2 ranks made 300 steps in 5.1 s on a fast morning, 2026-11-28;
+# a PS task's flag stops training within a step or two)
 IN_GRAPH_STEPS = 120
 
 

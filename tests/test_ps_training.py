@@ -4,9 +4,12 @@ checkpoint."""
 import pytest
 
 from helpers import (PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch,
-                     checkpoint_step, hosts, last_json, run_ok, task_args)
+                     checkpoint_step, hosts, last_json, run, run_ok, task_args)
 
 pytestmark = pytest.mark.slow
+
+
+TF_FETCH_FLAKE = "Unable to parse request"
 
 
 def launch(*args, timeout=240):
@@ -66,7 +69,15 @@ def test_restarted_chief_resumes_from_the_last_checkpoint(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_tf2_parameter_server_strategy_completes_and_learns():
-    summary = launch("--api", "tf2", "--num-ps", "1", "--num-workers", "2", "--steps", "40", *TINY)
+    argv = [*PS_BASELINE, "launch", "--api", "tf2", "--num-ps", "1", "--num-workers", "2", "--steps", "40", *TINY]
+    done = run(argv, timeout=120)
+    if done.returncode != 0 and TF_FETCH_FLAKE in done.stdout:
+        # TF's own rare failure (DEVELOPERS.md 7: 2 of some 40 suites, always this test, with the
+        # other pytest worker busy): the coordinator's copy of a finished step's result was
+        # refused by the worker's gRPC server. Any other failure fails the test.
+        done = run(argv, timeout=120)
+    assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-2000:]}"
+    summary = last_json(done.stdout)
     assert summary["mode"] == "ps-tf2" and summary["api"] == "tf2"
     assert summary["steps"] == 80 and summary["world_size"] == 2
     assert summary["test_accuracy"] > 0.7

@@ -144,9 +144,9 @@ def test_a_backup_worker_drops_the_stragglers_late_gradients_and_training_stays_
     assert summary["gradients_pushed"] == 2 * steps + summary["gradients_dropped"] + summary["gradients_pending"]
     # the straggler trained slower than the healthy workers, who did not wait for it (nor for
     # each other: under load, one healthy worker once made no more than its untimed warm-up
-    # steps, 0 img/s, while the chief and the straggler made the 30 updates)
+    # steps, timing none (its rate None), while the chief and the straggler made the 30 updates)
     rates = summary["images_per_sec_per_worker"]
-    assert rates[2] < max(rates[0], rates[1]) / 1.5, rates
+    assert rates[2] < max(r for r in rates[:2] if r is not None) / 1.5, rates
     # the chief's checkpoint is finite, and the model learned
     import tensorflow as tf
     reader = tf.train.load_checkpoint(str(tmp_path / "ckpt"))

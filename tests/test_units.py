@@ -101,6 +101,12 @@ def test_every_mode_builds_the_same_summary_with_its_own_fields_added():
     assert summary["test_accuracy"] == 0.9 and summary["test_loss"] == 0.3
     assert summary["images_per_sec"] == 640.0  # 1280 samples over the slowest worker's 2 s
     assert summary["num_ps"] == 1 and summary["config"] == {"data": "mnist", "lr": 0.1, "model": "mnist_mlp"}
+    # a worker that timed no step (a backup worker's peers can make every update) is not measured,
+    # which is not 0 img/s
+    idle = dict(report, samples=0.0, seconds=0.0, windows=[])
+    summary = build_summary("ps-sync", config, dataset, world_size=2, steps=20, epochs=0.5, train_loss=0.3,
+                            evaluation=Evaluation(90.0, 30.0, 100), wall_seconds=3.0, reports=[report, idle])
+    assert summary["images_per_sec_per_worker"] == [320.0, None] and summary["images_per_sec"] == 320.0
 
 
 def test_console_ends_with_a_human_summary_then_the_json_line():

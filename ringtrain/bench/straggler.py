@@ -70,6 +70,7 @@ def rows(cfg, runs):
         rank = cfg["rank"]
         rates, p50, p99 = mid["images_per_sec_per_worker"], mid["step_time_p50_sec"], mid["step_time_p99_sec"]
         healthy = [i for i in range(len(rates)) if i != rank]
+        timed = [rates[i] for i in healthy if rates[i] is not None]  # (None: a worker that timed no step)
         ms = lambda v: None if v is None else 1000 * v
         out.append({
             "mode": mode, "workers": len(rates), "replicas_to_aggregate": mid.get("replicas_to_aggregate"),
@@ -78,7 +79,7 @@ def rows(cfg, runs):
             "ratio_to_no_straggler": median(ratios), "ratio_min": min(ratios, default=None),
             "ratio_max": max(ratios, default=None),
             "model_ratio": model_ratio(mode, cfg["np"], factor, cfg["every"]),
-            "healthy_images_per_sec": sum(rates[i] for i in healthy) / len(healthy) if healthy else None,
+            "healthy_images_per_sec": sum(timed) / len(timed) if timed else None,
             "straggler_images_per_sec": rates[rank] if rank < len(rates) else None,
             "healthy_step_p50_ms": ms(median([p50[i] for i in healthy])),
             "healthy_step_p99_ms": ms(max((p99[i] for i in healthy if p99[i] is not None), default=None)),

@@ -126,7 +126,9 @@ def measured_throughput(reports):
     total = float(sum(r["samples"] for r in reports))
     return {
         "images_per_sec": total / slowest if slowest > 0 else 0.0,
-        "images_per_sec_per_worker": [r["samples"] / r["seconds"] if r["seconds"] > 0 else 0.0
+        # (None for a worker that timed no step, e.g. a PS worker that made no more than
+        # its warm-up while the others made the updates: not measured is not 0 img/s)
+        "images_per_sec_per_worker": [r["samples"] / r["seconds"] if r["seconds"] > 0 else None
                                       for r in reports],
         "window_images_per_sec": [r["windows"] for r in reports],
         "step_time_sec": [r["step_time_sec"] for r in reports],
