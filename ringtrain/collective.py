@@ -204,22 +204,21 @@ def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=No
             variable.assign(mean)
 
     def replica_step(images, labels, weights, global_count, vote):
-        # TF: every worker's stop vote summed as the step starts, while it computes (a signal
-        # stops every worker after the same step: workloads/preemption.py); TF runs a step's
-        # collectives in the order they are made, on every worker alike.
-        votes = tf.distribute.get_replica_context().all_reduce("SUM", tf.identity(vote))
         # TF: divided by the global batch's samples, the SUM of the workers'
         # gradients is exactly the global batch's gradient (K micro-batches summed first).
         loss_sum, samples, grads = accumulated(tf, model, (images, labels, weights, global_count), global_count,
                                                loss_scale, after_forward=average_statistics if statistics else None)
         # TF: the gradients all-reduced (SUM) in buckets, last layers first, each as soon as
         # backprop has made it; every worker then holds the same sum, so all of them apply
-        # it, or skip it where it is not finite, together.
-        summed = all_reduce_in_buckets(tf, grads, bucket_bytes)
+        # it, or skip it where it is not finite, together. Every worker's stop vote is summed
+        # in the same step (a signal stops every worker after the same step:
+        # workloads/preemption.py), riding in the first bucket: as a collective of its own it
+        # cost 1-2 ms a step on one host (DEVELOPERS.md 4.15).
+        *summed, votes = all_reduce_in_buckets(tf, [*grads, vote_beside(tf, vote, grads)], bucket_bytes)
         applied = apply_if_finite(optimizer, summed, model.trainable_variables)
         moved, overflow = rescaled(tf, loss_scale, applied, loss_sum)
         with tf.control_dependencies([moved]):
-            return loss_sum, samples, tf.identity(applied), tf.identity(overflow), votes
+            return loss_sum, samples, tf.identity(applied), tf.identity(overflow), tf.reshape(votes, [])
 
     @step_function
     def train_step(images, labels, weights, global_count, lr, vote):
@@ -228,6 +227,15 @@ def make_train_step(tf, strategy, model, optimizer, statistics=(), loss_scale=No
         return [strategy.experimental_local_results(r)[0] for r in results]
 
     return train_step
+
+
+def vote_beside(tf, vote, grads):
+    """The stop vote as a 1-element tensor of the last layer's gradient dtype: TF
+    packs a bucket's tensors into one (concat), and all_reduce_in_buckets puts
+    the last tensor of the list with the last layers' gradients, in the first
+    bucket. (A vote counts workers: exact in any float type.)"""
+    last = next((g for g in reversed(grads) if g is not None), None)
+    return tf.cast(tf.reshape(vote, [1]), vote.dtype if last is None else last.dtype)
 
 
 def implementation_in_effect(tf, asked):
