@@ -75,7 +75,11 @@ def run_in_terminal(cmd, timeout=300, env=None):
 
 
 def run_ok(cmd, timeout=300, **kw):
-    done = run(cmd, timeout, **kw)
+    return ok(run(cmd, timeout, **kw), cmd)
+
+
+def ok(done, cmd):
+    """The stdout of `done` (run(cmd)'s), once its zero exit is asserted."""
     assert done.returncode == 0, (f"exit {done.returncode}: {' '.join(cmd)}\nstdout:\n{done.stdout[-4000:]}\n"
                                   f"stderr:\n{done.stderr[-4000:]}")
     return done.stdout

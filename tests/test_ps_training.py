@@ -4,7 +4,7 @@ checkpoint."""
 import pytest
 
 from helpers import (PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch,
-                     checkpoint_step, hosts, last_json, run, run_ok, task_args)
+                     checkpoint_step, hosts, last_json, ok, run, run_ok, task_args)
 
 pytestmark = pytest.mark.slow
 
@@ -76,8 +76,7 @@ def test_tf2_parameter_server_strategy_completes_and_learns():
         # other pytest worker busy): the coordinator's copy of a finished step's result was
         # refused by the worker's gRPC server. Any other failure fails the test.
         done = run(argv, timeout=120)
-    assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-2000:]}"
-    summary = last_json(done.stdout)
+    summary = last_json(ok(done, argv))
     assert summary["mode"] == "ps-tf2" and summary["api"] == "tf2"
     assert summary["steps"] == 80 and summary["world_size"] == 2
     assert summary["test_accuracy"] > 0.7
