@@ -157,10 +157,12 @@ def accumulated(tf, model, batch, divisor, loss_scale=None, exchange=None, after
     (batch: images [K, b, ...], labels, weights [K, b], the update's samples) of
     the gradient of weighted loss / divisor, one micro-batch after the other
     (one micro-batch's activations at a time), unscaled where a loss scale is
-    given. exchange: the mode's gradient exchange, (tape_wrapper, reduce): a
-    tape that exchanges each gradient as backprop makes it where K is 1 (Horovod's),
-    else reduce(summed gradients) once. after_forward(): run after the last
-    forward pass. Returns (loss sum, samples, gradients)."""
+    given. exchange(grads, grouped): the mode's gradient exchange, before the
+    unscaling; it returns them reduced. Where K is 1 it is given the tape's
+    gradients (grouped=False), in a graph that starts each one's exchange as
+    backprop makes it; else the K micro-batches' sum (grouped=True).
+    after_forward(): run after the last forward pass. Returns (loss sum,
+    samples, gradients)."""
     from ringtrain.workloads.models import weighted_loss_sum
     images, labels, weights, _ = batch
     variables, k = model.trainable_variables, images.shape[0]
@@ -173,13 +175,11 @@ def accumulated(tf, model, batch, divisor, loss_scale=None, exchange=None, after
                 loss = loss_sum / divisor * (scale if scale is not None else 1.0)
             if after_forward and m == k - 1:
                 after_forward()
-            if exchange and k == 1:
-                tape = exchange[0](tape)
             micro = tape.gradient(loss, variables)
         grads = micro if grads is None else [_add(tf, a, b) for a, b in zip(grads, micro)]
         total += loss_sum
-    if exchange and k > 1:
-        grads = exchange[1](grads)
+    if exchange:
+        grads = exchange(grads, grouped=k > 1)
     if scale is not None:
         grads = [None if g is None else g / scale for g in grads]
     return total, tf.reduce_sum(weights), grads
