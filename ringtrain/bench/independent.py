@@ -10,7 +10,9 @@ during which all of them were running.
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 from ringtrain.multihost import procs
 from ringtrain.workloads.summary import emit, measured_throughput
@@ -47,11 +49,22 @@ def main(argv=None):
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     parts = [f"{args.summary_json}.worker{i}" for i in range(args.np)]
-    trainers = [procs.Process(command + ["--summary-json", part]) for part in parts]
+    # Each trainer is a singleton MPI job whose daemon makes its session folder under
+    # orte_tmpdir_base. Started together, or as the launcher's job before them cleans up its
+    # own, they raced for the shared ompi.HOST.UID folder ("mkdir ... File exists", the
+    # trainer's exit 1): each gets a base of its own.
+    sessions = tempfile.mkdtemp(prefix="ringtrain-independent-",
+                                dir=os.environ.get("OMPI_MCA_orte_tmpdir_base") or None)
+    trainers = []
     try:
+        for i, part in enumerate(parts):
+            base = os.path.join(sessions, str(i))
+            os.mkdir(base)
+            trainers.append(procs.Process(command + ["--summary-json", part], env={"OMPI_MCA_orte_tmpdir_base": base}))
         codes = [trainer.wait() for trainer in trainers]
     finally:
         procs.stop_all(trainers)
+        shutil.rmtree(sessions, ignore_errors=True)
     if any(codes):
         print(f"bench.independent: worker exit codes {codes}", file=sys.stderr)
         return 1
