@@ -194,8 +194,9 @@ class ExchangeWithVote:
     gradients all-reduced by `op`, with this rank's stop `vote` riding in the
     last dense gradient's allreduce, the first that backprop makes. Alone, the
     vote's allreduce took a Horovod cycle of its own: about 2 % of a 40 ms
-    mnist_cnn step on one host, more across hosts. Adasum, which combines whole tensors, sums it alone, as does
-    a model without a dense gradient. `votes`: every rank's votes, summed."""
+    mnist_cnn step on one host, more across hosts. Adasum, which combines whole
+    tensors, sums it alone, as does a model without a dense gradient. `votes`:
+    every rank's votes, summed."""
 
     def __init__(self, hvd, vote, op, compression):
         self.hvd, self.vote, self.op, self.compression, self.votes = hvd, vote, op, compression, None

@@ -17,6 +17,7 @@ from ringtrain.multihost import procs
 from ringtrain.multihost.net import free_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(REPO, "tests", "scripts")  # what the tests run on several ranks
 BIN = os.path.dirname(sys.executable)  # the venv's bin: ringtrain, horovodrun, ps-baseline
 
 # OpenMPI refuses root without these; 1 TF thread per worker on 2 cores.
@@ -155,6 +156,41 @@ def last_json(text):
         if found is not None:
             return found
     raise AssertionError(f"no JSON summary in output:\n{text[-3000:]}")
+
+
+def json_objects(line):
+    """Every JSON object in a line, in order, ignoring what is around them: two ranks'
+    reports can share a line of mpirun's output (seen: `{...}{...}`)."""
+    decoder, found, start = json.JSONDecoder(), [], line.find("{")
+    while start >= 0:
+        try:
+            value, end = decoder.raw_decode(line, start)
+            found.append(value)
+            start = line.find("{", end)
+        except json.JSONDecodeError:
+            start = line.find("{", start + 1)
+    return found
+
+
+def on_two_ranks(script, *args, gloo=False, env=(), timeout=240):
+    """mpirun -np 2 (or horovodrun --gloo -np 2) python tests/scripts/SCRIPT ARGS, with
+    `env`'s (name, value) pairs on every rank: every JSON object it printed."""
+    python = [os.path.join(BIN, "python"), os.path.join(SCRIPTS, script), *args]
+    if gloo:
+        cmd = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", "2", *python]
+    else:
+        exports = [word for name, _ in env for word in ("-x", name)]
+        cmd = ["mpirun", "-np", "2", "-x", "PATH", *exports, *python]
+    out = run_ok(cmd, timeout=timeout, env=dict(ENV, **dict(env)))
+    return [found for line in out.splitlines() for found in json_objects(line)]
+
+
+def assert_every_check_ok(lines, checks):
+    """Both ranks reported each of `checks` ({"rank", "check", "ok", "detail"} lines), all ok."""
+    failed = [f"rank {r['rank']} {r['check']}: {r['detail']}" for r in lines if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    for rank in (0, 1):
+        assert {r["check"] for r in lines if r["rank"] == rank} == set(checks), (rank, lines)
 
 
 def json_in(line):

@@ -7,34 +7,18 @@ import textwrap
 
 import pytest
 
-from helpers import BIN, ENV, ONE_THREAD, REPO, assert_same_weights, json_in, mpirun, run_ok, weights
+from helpers import (BIN, ENV, ONE_THREAD, assert_every_check_ok, assert_same_weights, json_in, mpirun, on_two_ranks,
+                     run_ok, weights)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
-SCRIPTS = os.path.join(REPO, "tests", "scripts")
-
-
-def on_two_ranks(script, *args, gloo=False, env=()):
-    """mpirun -np 2 (or horovodrun --gloo -np 2) python SCRIPT ARGS; every JSON line it printed."""
-    python = [os.path.join(BIN, "python"), os.path.join(SCRIPTS, script), *args]
-    if gloo:
-        cmd = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", "2", *python]
-    else:
-        exports = [word for name, _ in env for word in ("-x", name)]
-        cmd = ["mpirun", "-np", "2", "-x", "PATH", *exports, *python]
-    out = run_ok(cmd, timeout=240, env=dict(ENV, **dict(env)))
-    return [found for found in map(json_in, out.splitlines()) if found is not None]
 
 
 @pytest.mark.parametrize("gloo", [False, True], ids=["mpi", "gloo"])
 def test_horovods_api_that_ringtrain_uses_still_works(tmp_path, gloo):
     lines = on_two_ranks("horovod_api.py", str(tmp_path / "timeline.json"), gloo=gloo)
-    checks = {"distributed_gradient_tape", "broadcast", "allgather", "join", "timeline",
-              "partial_distributed_gradient_tape", "register_local_source", "sync_batch_normalization",
-              "sync_batch_normalization_keras2_keywords"}
-    failed = [f"rank {r['rank']} {r['check']}: {r['detail']}" for r in lines if not r["ok"]]
-    assert not failed, "\n".join(failed)
-    for rank in (0, 1):
-        assert {r["check"] for r in lines if r["rank"] == rank} == checks
+    assert_every_check_ok(lines, {"distributed_gradient_tape", "broadcast", "allgather", "join", "timeline",
+                                  "partial_distributed_gradient_tape", "register_local_source",
+                                  "sync_batch_normalization", "sync_batch_normalization_keras2_keywords"})
 
 
 def idle_cpu(loop, gloo=False):

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from helpers import BIN, REPO, json_in, run_ok
+from helpers import BIN, SCRIPTS, json_in, run_ok
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -23,7 +23,7 @@ def test_doctor_finds_tensorflow_mpi_and_gloo():
 @pytest.mark.parametrize("gloo", [False, True])
 def test_horovod_trains_keras3_models_with_identical_weights_on_both_ranks(gloo):
     cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", *(["--gloo"] if gloo else []),
-           os.path.join(BIN, "python"), os.path.join(REPO, "tests", "scripts", "keras3_horovod.py")]
+           os.path.join(BIN, "python"), os.path.join(SCRIPTS, "keras3_horovod.py")]
     out = run_ok(cmd)
     ranks = [json_in(line) for line in out.splitlines() if '"rank"' in line]
     assert sorted(r["rank"] for r in ranks) == [0, 1]

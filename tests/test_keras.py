@@ -7,27 +7,18 @@ import signal
 
 import pytest
 
-from helpers import BIN, ENV, REPO, Tasks, json_in, run_ok
+from helpers import BIN, REPO, SCRIPTS, Tasks, json_in, on_two_ranks, run_ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-SCRIPTS = os.path.join(REPO, "tests", "scripts")
 PYTHON = os.path.join(BIN, "python")
 FLOAT = 1e-5  # weights after a few steps, against the same steps in one process
-
-
-def on_two_ranks(script, *args, gloo=False, timeout=240):
-    """mpirun -np 2 (or horovodrun --gloo -np 2) python SCRIPT ARGS: {(rank, check): line} of its JSON lines."""
-    python = [PYTHON, os.path.join(SCRIPTS, script), *args]
-    cmd = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", "2", *python] if gloo else \
-        ["mpirun", "-np", "2", "-x", "PATH", *python]
-    lines = [found for found in map(json_in, run_ok(cmd, timeout=timeout, env=ENV).splitlines()) if found]
-    return {(line["rank"], line["check"]): line for line in lines}
 
 
 @pytest.fixture(scope="module", params=["mpi", "gloo"])
 def keras_api(request, tmp_path_factory):
     """tests/scripts/keras_api.py once per launcher: every check on both ranks."""
-    checks = on_two_ranks("keras_api.py", str(tmp_path_factory.mktemp("keras")), gloo=request.param == "gloo")
+    lines = on_two_ranks("keras_api.py", str(tmp_path_factory.mktemp("keras")), gloo=request.param == "gloo")
+    checks = {(line["rank"], line["check"]): line for line in lines}
     failed = [f"rank {r} {name}: {line['detail']}" for (r, name), line in checks.items() if not line["ok"]]
     assert not failed, "\n".join(failed)
     assert {r for r, _ in checks} == {0, 1}

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from helpers import BIN, ONE_THREAD, REPO, assert_same_weights, horovodrun, json_in, last_json, run_ok, weights
+from helpers import (ONE_THREAD, assert_every_check_ok, assert_same_weights, horovodrun, last_json, on_two_ranks,
+                     run_ok, weights)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -49,11 +50,6 @@ def test_ring_modes_exchange_sums_the_stop_votes_inside_the_gradients_for_every_
     # Sum, Average, Average in fp16 and Adasum, each alone and grouped (--accumulate): rank 1's
     # vote comes back as 1 on both ranks, the gradients as their sum or average, their shapes,
     # a None and an IndexedSlices gradient as they were (tests/scripts/ring_exchange.py)
-    script = os.path.join(REPO, "tests", "scripts", "ring_exchange.py")
-    out = run_ok(["mpirun", "-np", "2", "-x", "PATH", os.path.join(BIN, "python"), script], timeout=240)
-    lines = [found for found in map(json_in, out.splitlines()) if found is not None]
-    failed = [f"rank {r['rank']} {r['case']}: {r['detail']}" for r in lines if not r["ok"]]
-    assert not failed, "\n".join(failed)
-    cases = {f"{op}{grouped}" for op in ("sum", "average", "average-fp16", "adasum") for grouped in ("", "-grouped")}
-    for rank in (0, 1):
-        assert {r["case"] for r in lines if r["rank"] == rank} == cases
+    assert_every_check_ok(on_two_ranks("ring_exchange.py"),
+                          {f"{op}{grouped}" for op in ("sum", "average", "average-fp16", "adasum")
+                           for grouped in ("", "-grouped")})

@@ -4,7 +4,7 @@ each reduce op, compression and grouping ringtrain uses, every rank gives
 gradients of its own (a dense one, a rank-1 one that carries the vote, an
 IndexedSlices one and a None), and rank 1 votes to stop. (Grouped, the K
 micro-batches' sum, has no IndexedSlices left, and Adasum takes none.) Prints
-one JSON line per case: {"rank", "case", "ok", "detail"}."""
+one JSON line per case: {"rank", "check", "ok", "detail"}."""
 import json
 import os
 
@@ -54,8 +54,7 @@ for name, (op, compression) in CASES.items():
                 assert got.shape == want.shape, f"gradient {i}: shape {got.shape}, not {want.shape}"
                 if op != hvd.Adasum:  # (Adasum's combination is not the sum)
                     np.testing.assert_allclose(got, want, rtol=1e-3 if compression == hvd.Compression.fp16 else 1e-6)
-            report = {"rank": RANK, "case": case, "ok": True, "detail": ""}
+            report = {"rank": RANK, "check": case, "ok": True, "detail": ""}
         except Exception as e:  # noqa: BLE001 -- the report names it
-            report = {"rank": RANK, "case": case, "ok": False, "detail": f"{type(e).__name__}: {e}"}
-        # (one write, line and newline: mpirun put two ranks' prints on one line)
-        os.write(1, (json.dumps(report) + "\n").encode())
+            report = {"rank": RANK, "check": case, "ok": False, "detail": f"{type(e).__name__}: {e}"}
+        print(json.dumps(report), flush=True)
