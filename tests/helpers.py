@@ -310,9 +310,10 @@ class Tasks:
             raise AssertionError(f"{name} still running after {timeout}s:\n{self.log(name)[-3000:]}")
 
     def wait_for_text(self, name, text, timeout):
-        """Until the task's log holds `text` (a string, or a compiled pattern it must match)."""
+        """Until the task's log holds `text` (a string, a compiled pattern it must match,
+        or a function of the log that says when)."""
         deadline = time.monotonic() + timeout
-        found = text.search if hasattr(text, "search") else (lambda log: text in log)
+        found = text.search if hasattr(text, "search") else text if callable(text) else (lambda log: text in log)
         while not found(self.log(name)):
             assert self.procs[name].poll() is None, f"{name} exited:\n{self.log(name)[-3000:]}"
             assert time.monotonic() < deadline, f"no {text!r} from {name}:\n{self.log(name)[-3000:]}"
