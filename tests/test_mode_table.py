@@ -216,6 +216,7 @@ def check_preemption(runs, cell):
     name, mode = "preempted-" + re.sub(r"\W+", "-", runs.mode), runs.mode
     with Tasks(str(runs.folder)) as tasks:
         job = tasks.start(name, runs.argv("--steps", "100000", "--log-every", "10", "--checkpoint-dir", str(folder)))
+        under_way = others_training if goes_on_without_a_worker(mode) else re.compile(r"\bstep 20/")
         tasks.wait_for_text(name, under_way, 150)
         victim = psutil_process(job.pid) if modes.by_row(mode).launcher == "ps-baseline towers" else \
             worker_1(psutil_process(job.pid).children(recursive=True), mode)
@@ -230,14 +231,12 @@ def check_preemption(runs, cell):
     assert saved.endswith(f"-{step}") and tf.train.load_checkpoint(saved).get_variable_to_shape_map(), lines[0]
 
 
-def under_way(log):
-    """Worker 0 is past step 20 and, where it logs its own step beside the global step
-    (async PS), the global step is ahead of it: worker 1 is training too. Signalled
-    before its loop starts, a worker has no step to agree on, and says so."""
-    if not re.search(r"\bstep 20/", log):
-        return False
+def others_training(log):
+    """Async PS: past step 20, and a global step ahead of the logged worker's own steps,
+    so another worker's updates are in. (Signalled before its loop starts, a worker has no
+    step to agree on, and says so in a line of its own.)"""
     own_and_global = re.findall(r"\bstep (\d+)/\d+ global step (\d+)", log)
-    return not own_and_global or any(int(g) > int(n) for n, g in own_and_global)
+    return re.search(r"\bstep 20/", log) and any(int(g) > int(n) for n, g in own_and_global)
 
 
 def psutil_process(pid):
