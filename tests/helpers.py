@@ -194,14 +194,9 @@ def assert_every_check_ok(lines, checks):
 
 
 def json_in(line):
-    """The JSON object in a line, ignoring a launcher's tags before or after it."""
-    start = line.find("{")
-    if start < 0:
-        return None
-    try:
-        return json.JSONDecoder().raw_decode(line[start:])[0]
-    except json.JSONDecodeError:
-        return None
+    """The (first) JSON object in a line, ignoring a launcher's tags before or after it."""
+    found = json_objects(line)
+    return found[0] if found else None
 
 
 def weights(path_pattern, rank):

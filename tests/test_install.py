@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from helpers import BIN, SCRIPTS, json_in, run_ok
+from helpers import BIN, SCRIPTS, json_objects, run_ok
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -25,7 +25,7 @@ def test_horovod_trains_keras3_models_with_identical_weights_on_both_ranks(gloo)
     cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", *(["--gloo"] if gloo else []),
            os.path.join(BIN, "python"), os.path.join(SCRIPTS, "keras3_horovod.py")]
     out = run_ok(cmd)
-    ranks = [json_in(line) for line in out.splitlines() if '"rank"' in line]
+    ranks = [found for line in out.splitlines() if '"rank"' in line for found in json_objects(line)]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     # Broadcast, DistributedGradientTape, PartialDistributedGradientTape and
     # SyncBatchNormalization (global moments) all keep the ranks in lockstep.
