@@ -327,6 +327,14 @@ class Tasks:
         procs.stop_all(list(self.procs.values()))
 
 
+def wait_until(condition, timeout, describe=lambda: ""):
+    """Until condition() holds; past `timeout` seconds, fail with what describe() gives."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"still not so after {timeout} s: {describe()}"
+        time.sleep(0.3)
+
+
 def generated_code(folder):
     """What AutoGraph generated in `folder` (a process's TMPDIR): its modules, and the
     bytecode Python cached beside them where PYTHONDONTWRITEBYTECODE is unset."""

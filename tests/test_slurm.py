@@ -14,7 +14,7 @@ import pytest
 from ringtrain.multihost import simcluster, slurm
 from ringtrain.common.errors import UsageError
 from helpers import (ONE_THREAD, REPO, Tasks, assert_checkpoint_is_one_process_on_the_global_batch, assert_same_weights,
-                     last_json, mpirun, run_ok, weights)
+                     last_json, mpirun, run_ok, wait_until, weights)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 SBATCH = os.path.join(REPO, "mpi_hostfiles", "slurm")
@@ -203,13 +203,6 @@ def test_a_dead_node_ends_its_job_with_a_line_naming_it(tmp_path):
 DETERMINISTIC = ["--model", "mnist_cnn", "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.05", "--no-dropout",
                  "--log-every", "10", "--checkpoint-every", "100000", *ONE_THREAD]
 PREEMPTED_STEPS = 120  # the signal after step 30 stops the first run within a few steps (34 on an idle machine)
-
-
-def wait_until(condition, timeout):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"still not so after {timeout} s"
-        time.sleep(0.3)
 
 
 def wait_for_output(cluster, job, folder, pattern, timeout=180):
