@@ -44,10 +44,19 @@ def filled(count, rank):
     return (rank + 1) * pattern(count)
 
 
-def expected(count, world, op="sum"):
-    """The result every rank must hold after an allreduce of filled() buffers."""
-    ranks = world * (world + 1) / 2 if op == "sum" else (world + 1) / 2
-    return (ranks * pattern(count)).astype(np.float32)
+def expected(count, world):
+    """The sum every rank must hold after an allreduce of filled() buffers."""
+    return (world * (world + 1) / 2 * pattern(count)).astype(np.float32)
+
+
+def after(previous, allreduce):
+    """allreduce() once `previous` (the last one's result) exists: each starts when the
+    last ends, as in back-to-back steps. It sums the same input every time, as training
+    sums (each rank's loss divided by the global batch), and so its result stays known
+    however many ran, where summing the last result would overflow."""
+    import tensorflow as tf
+    with tf.control_dependencies(tf.nest.flatten(previous)):
+        return allreduce()
 
 
 def wrong_elements(result, want):
@@ -130,17 +139,16 @@ class HorovodRuns:
 
         @step_function
         def chained(x, k):
-            # each allreduce starts when the previous one ends, as in back-to-back steps;
-            # averaging keeps the ranks' average: the last result is known however many ran
-            body = lambda i, v: (i + 1, hvd.allreduce(v, op=hvd.Average, name="bench.graph"))
+            body = lambda i, v: (i + 1, after(v, lambda: hvd.allreduce(tf.identity(x), op=hvd.Sum, name="bench.graph")))
             out = tf.while_loop(lambda i, v: i < k, body, (tf.constant(0), x))[1]
             return out[:1], out
 
         @step_function
         def chained_grads(tensors, k):
             def body(i, *grads):
-                return (i + 1,) + tuple(hvd.allreduce(g, op=hvd.Average, name=f"bench.grad{j}")
-                                        for j, g in enumerate(grads))
+                return (i + 1,) + after(grads, lambda: tuple(hvd.allreduce(tf.identity(g), op=hvd.Sum,
+                                                                           name=f"bench.grad{j}")
+                                                             for j, g in enumerate(tensors)))
             out = tf.while_loop(lambda i, *grads: i < k, body, (tf.constant(0),) + tuple(tensors))
             return tf.stack([tf.reshape(g, [-1])[0] for g in out[1:]]), out[1:]
 
@@ -150,20 +158,20 @@ class HorovodRuns:
         tf, hvd = self.tf, self.hvd
         count, world = nbytes // 4, hvd.size()
         x = tf.constant(filled(count, hvd.rank()))
-        average, total = expected(count, world, "average"), expected(count, world)
+        total = expected(count, world)
         last = {}
 
         def graph(k):
             first, last["graph"] = self.chained(x, tf.constant(k))
             return first.numpy()  # (one element: the call has finished, without copying the buffer)
         eager, eager_last = repeat(lambda: hvd.allreduce(x, op=hvd.Sum, name="bench.eager"))  # returns when done
-        return {f"horovod-{self.label}": (graph, lambda: wrong_elements(last["graph"].numpy(), average)),
+        return {f"horovod-{self.label}": (graph, lambda: wrong_elements(last["graph"].numpy(), total)),
                 f"horovod-{self.label}-eager": (eager, lambda: wrong_elements(eager_last[0].numpy(), total))}
 
     def grads_run(self, shapes):
         tf, hvd = self.tf, self.hvd
         grads = [tf.constant(filled(int(np.prod(s)), hvd.rank()).reshape(s)) for s in shapes]
-        want = [expected(int(np.prod(s)), hvd.size(), "average") for s in shapes]
+        want = [expected(int(np.prod(s)), hvd.size()) for s in shapes]
         last = {}
 
         def run(k):
@@ -207,13 +215,13 @@ class TFCollectiveRuns:
         strategy = collective.connect(tf, "RING")
         self.agree = collective.CollectiveAgreement(tf, strategy, self.rank, self.size)
         # (tf.identity: the all-reduce takes its device from its input's, made in the replica)
-        average = lambda *values: tuple(tf.distribute.get_replica_context().all_reduce(
-            "MEAN", [tf.identity(v) for v in values]))
+        total = lambda inputs, *previous: tuple(after(previous, lambda: tf.distribute.get_replica_context().all_reduce(
+            "SUM", [tf.identity(v) for v in inputs])))
 
         @step_function
         def chained(tensors, k):
             # all of a call's tensors go in one all-reduce, packed as TF packs a step's gradients
-            out = tf.while_loop(lambda i, *v: i < k, lambda i, *v: (i + 1,) + strategy.run(average, args=v),
+            out = tf.while_loop(lambda i, *v: i < k, lambda i, *v: (i + 1,) + strategy.run(total, args=(tensors, *v)),
                                 (tf.constant(0),) + tuple(tensors))[1:]
             return tf.stack([tf.reshape(t, [-1])[0] for t in out]), out
 
@@ -230,13 +238,13 @@ class TFCollectiveRuns:
     def runs(self, nbytes):
         count = nbytes // 4
         run, last = self._run([self.tf.constant(filled(count, self.rank))])
-        want = expected(count, self.size, "average")
+        want = expected(count, self.size)
         return {"tf-ring": (run, lambda: wrong_elements(last["out"][0].numpy(), want))}
 
     def grads_run(self, shapes):
         tf = self.tf
         run, last = self._run([tf.constant(filled(int(np.prod(s)), self.rank).reshape(s)) for s in shapes])
-        want = [expected(int(np.prod(s)), self.size, "average") for s in shapes]
+        want = [expected(int(np.prod(s)), self.size) for s in shapes]
         return {"tf-ring-grads": (run, lambda: sum(wrong_elements(g.numpy(), w) for g, w in zip(last["out"], want)))}
 
     def barrier(self):
@@ -283,7 +291,7 @@ def measure(impls, sizes, trials, warmup, grad_shapes, label, mpi_label="mpi4py"
         runs = framework.grads_run(grad_shapes)
         timed, wire, wrong = time_interleaved(runs, nbytes, trials, warmup, barrier, slowest, mean, total)
         rows += [row(name, nbytes, timed[name], world, iterations(nbytes), wire[name], wrong[name],
-                     note=f"{len(grad_shapes)} gradient tensors of the model, Average, fused")
+                     note=f"{len(grad_shapes)} gradient tensors of the model, Sum, fused")
                  for name in runs]
     return rows, rank
 
