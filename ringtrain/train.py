@@ -222,11 +222,10 @@ class ExchangeWithVote:
         """The gradients that exist (None: a variable the loss does not use) all-reduced: in one
         grouped allreduce (the K micro-batches' sum, made at once), or each in its own, issued
         as backprop makes it (as hvd.DistributedGradientTape's are): Horovod fuses those ready
-        in one cycle. (Horovod 0.28.1's grouped_allreduce fails under Adasum, reading a name
-        it never set: there each is its own, which Adasum combines tensor by tensor alike.)"""
+        in one cycle."""
         present = [g for g in grads if g is not None]
         kw = dict(op=self.op, compression=self.compression)
-        reduced = iter(self.hvd.grouped_allreduce(present, **kw) if grouped and self.op != self.hvd.Adasum
+        reduced = iter(self.hvd.grouped_allreduce(present, **kw) if grouped
                        else [self.hvd.allreduce(g, **kw) for g in present])
         return [None if g is None else next(reduced) for g in grads]
 

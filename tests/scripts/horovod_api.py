@@ -15,6 +15,8 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from adasum_reference import adasum  # noqa: E402
+
 hvd.init()
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -184,6 +186,24 @@ def sync_batch_normalization_keras2_keywords():
         raise AssertionError("renorm=True was accepted")
 
 
+def grouped_allreduce_under_adasum():
+    """Patch 0012: a grouped allreduce under Adasum (it raised NameError) gives, to the
+    bit, what one allreduce per tensor gives, eagerly and in a tf.function; and that is
+    Adasum's combination of the ranks' tensors. (Adasum is MPI's only.)"""
+    rng = np.random.default_rng(RANK)
+    tensors = [tf.constant(rng.standard_normal(shape).astype(np.float32)) for shape in [(3, 5), (7,), (64, 32), (1,)]]
+    alone = [hvd.allreduce(t, op=hvd.Adasum, name=f"adasum.alone{i}").numpy() for i, t in enumerate(tensors)]
+    grouped = hvd.grouped_allreduce(tensors, op=hvd.Adasum, name="adasum.grouped")
+    traced = tf.function(lambda: hvd.grouped_allreduce(tensors, op=hvd.Adasum, name="adasum.traced"),
+                         autograph=False)()
+    for one, group, trace, mine in zip(alone, grouped, traced, tensors):
+        np.testing.assert_array_equal(group.numpy(), one)
+        np.testing.assert_array_equal(trace.numpy(), one)
+        np.testing.assert_allclose(one, adasum(*gathered(mine)), rtol=1e-5, atol=1e-6)
+    return f"{len(tensors)} tensors"
+
+
 for fn in (distributed_gradient_tape, broadcast, allgather, timeline, partial_distributed_gradient_tape,
-           register_local_source, sync_batch_normalization, sync_batch_normalization_keras2_keywords, join):
+           register_local_source, sync_batch_normalization, sync_batch_normalization_keras2_keywords, join,
+           *([grouped_allreduce_under_adasum] if hvd.mpi_enabled() and not hvd.gloo_enabled() else [])):
     check(fn)

@@ -22,6 +22,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from adasum_reference import adasum  # noqa: E402
+
 hvd.init()
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -89,12 +91,6 @@ def one_process(steps, lr=LR, momentum=0.0, batch=SIZE * B):
         grads = gradients(model, GLOBAL_X[rows], GLOBAL_Y[rows])
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return model.get_weights()
-
-
-def adasum(a, b):
-    """Adasum of two ranks' tensors (Maleki et al.), as Horovod computes it per tensor."""
-    dot = float(np.vdot(a, b))
-    return (1 - dot / (2 * float(np.vdot(a, a)))) * a + (1 - dot / (2 * float(np.vdot(b, b)))) * b
 
 
 def simulated_ranks(updates, combine=lambda gs: sum(gs) / len(gs), local=(), passes=1, average=True, lr=LR):
