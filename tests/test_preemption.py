@@ -136,7 +136,7 @@ def test_a_checkpoint_folder_that_cannot_be_written_at_the_signal_is_one_line_an
         tasks.start("job", ["env", f"OMPI_MCA_orte_tmpdir_base={sessions}", os.path.join(BIN, "ringtrain"), *SMALL,
                             "--steps", "100000", "--checkpoint-dir", str(ckpt)])
         tasks.wait_for_text("job", re.compile(r"\bstep 30/"), 120)
-        assert list(sessions.rglob("jf.*")), sorted(map(str, sessions.rglob("*")))  # (its orted's, as it trains)
+        assert job_family_paths(sessions), session_paths(sessions)  # (its orted's, as it trains)
         subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
         tasks.procs["job"].popen.send_signal(signal.SIGUSR1)
         code = tasks.wait("job", 60)
@@ -145,8 +145,16 @@ def test_a_checkpoint_folder_that_cannot_be_written_at_the_signal_is_one_line_an
     assert code == 3, log[-3000:]
     errors = [line for line in log.splitlines() if "error:" in line]
     assert len(errors) == 1 and "cannot write the checkpoint of step" in errors[0] and "read-only" in errors[0], log
-    # it ended with MPI_Finalize: OpenMPI removed the session folder (its orted does so as the job exits, so a
-    # moment after; os.walk, unlike rglob, skips a folder removed while it lists)
-    def session_paths():
-        return sorted(os.path.join(top, name) for top, folders, files in os.walk(sessions) for name in folders + files)
-    wait_until(lambda: not [path for path in session_paths() if "/jf." in path], 20, session_paths)
+    # it ended with MPI_Finalize: OpenMPI removed the session folder (its orted does so as the job exits: a moment after)
+    wait_until(lambda: not job_family_paths(sessions), 20, lambda: session_paths(sessions))
+
+
+def session_paths(folder):
+    """Every path under OpenMPI's session folder, sorted. (os.walk, unlike rglob, skips a
+    folder removed while it lists, as the orted removes them when its job exits.)"""
+    return sorted(os.path.join(top, name) for top, folders, files in os.walk(folder) for name in folders + files)
+
+
+def job_family_paths(folder):
+    """The paths of the session folder's job families (jf.*): there while an orted runs."""
+    return [path for path in session_paths(folder) if "/jf." in path]
