@@ -68,19 +68,31 @@ def test_horovodruns_build_checks_answer_without_importing_tensorflow():
     assert out.split() == ["True", "True", "False", "True", "True"], out
 
 
-def test_a_signalled_horovodrun_gloo_passes_on_each_ranks_exit_status():
+def test_a_signalled_horovodrun_gloo_passes_on_each_ranks_exit_status(tmp_path):
     """Patch 0011: horovodrun --gloo, signalled, ends each rank through a middleman
     process, whose two threads both waited for the rank's shell: when psutil's wait
     reaped it first, the other read status 0, and a job whose rank exited 75 (stopped,
     checkpoint written) ended with exit 0 (5 of 12 runs here before the patch)."""
-    probe = textwrap.dedent("""
-        import sys, threading
+    probe = textwrap.dedent(f"""
+        import os, sys, threading, time
         from horovod.runner.common.util import safe_shell_exec
-        rank = (f"{sys.executable} -c 'import signal, sys, time; "
-                "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75)); time.sleep(60)'")
-        for _ in range(6):  # (each run signalled half a second in, as horovodrun's handler does)
+        ready = {str(tmp_path / "ready")!r}
+        rank = (f"{{sys.executable}} -c 'import pathlib, signal, sys, time; "
+                "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75)); "
+                f"pathlib.Path(\\"{{ready}}\\").touch(); time.sleep(60)'")
+
+        def signal_once_the_rank_handles_it(signalled):
+            # (a fixed half second was too short for a cold start on a slow machine: the
+            # rank died of the signal, 143, before it had its handler)
+            while not os.path.exists(ready):
+                time.sleep(0.05)
+            os.remove(ready)
+            signalled.set()  # as horovodrun's handler does
+
+        for _ in range(6):
             signalled = threading.Event()
-            threading.Timer(0.5, signalled.set).start()
+            threading.Thread(target=signal_once_the_rank_handles_it, args=(signalled,),
+                             daemon=True).start()
             print(safe_shell_exec.execute(rank, events=[signalled]))
         """)
     out = run_ok([os.path.join(BIN, "python"), "-c", probe], timeout=120, env=ENV)
