@@ -7,7 +7,7 @@ from ringtrain import modes
 from ringtrain.common import parsing
 from ringtrain.workloads import config, flags
 from ringtrain.common.errors import UsageError, launched_size, run_cli
-from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB
+from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB, DEFAULT_RING_BUCKET_MB
 from ringtrain.workloads.horovod_env import CPU_OPERATIONS, HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
 
 COMMUNICATIONS = ("RING", "AUTO", "NCCL")  # tf.distribute.experimental.CommunicationImplementation
@@ -52,6 +52,13 @@ def parser():
                    help="keep --lr as is instead of multiplying it by the worker count")
     b.add_argument("--warmup-epochs", type=parsing.non_negative_float, default=1.0, metavar="E",
                    help="ramp the lr from --lr to lr*N over E epochs (default 1; 0 disables)")
+    b.add_argument("--bucket-mb", type=parsing.non_negative_float, metavar="MB",
+                   help="all-reduce the gradients in buckets of about MB, last layers first, each as soon as "
+                        "backprop has made its gradients. Horovod: small gradients grouped (hvd.grouped_allreduce), "
+                        f"one of MB or more alone (default {DEFAULT_RING_BUCKET_MB:g}; 0: each alone, Horovod fusing "
+                        "what is ready in one cycle). TF's collective mode: CommunicationOptions.bytes_per_pack "
+                        f"(default {DEFAULT_BUCKET_MB:g}; 0: one packed all-reduce once backprop is done, TF's own "
+                        "default, a few percent faster for a small model whose workers share one host)")
     add_collective_flags(p)
     add_horovod_flags(p)
     return p
@@ -62,12 +69,6 @@ def add_collective_flags(p):
     t.add_argument("--communication", type=str.upper, choices=COMMUNICATIONS, metavar="IMPL",
                    help="RING (TF's ring: scatter-reduce then allgather; the default), AUTO (TF picks: NCCL on "
                         "GPUs) or NCCL")
-    t.add_argument("--bucket-mb", type=parsing.non_negative_float, metavar="MB",
-                   help="all-reduce the gradients in buckets of about MB, last layers first, each as soon as "
-                        "backprop has made it (TF's CommunicationOptions.bytes_per_pack; default "
-                        f"{DEFAULT_BUCKET_MB:g}); 0: one packed all-reduce once backprop is done (TF's own default; "
-                        "a few percent faster for a small model whose workers share one host, where "
-                        "nothing waits on a wire)")
     t.add_argument("--port-base", type=parsing.positive_int, metavar="PORT",
                    help=f"under srun without MPI: each worker serves on PORT plus its place on its node (default "
                         f"{DEFAULT_PORT_BASE}); under mpirun free ports are chosen and shared; TF_CONFIG names its own")
@@ -113,7 +114,7 @@ def add_horovod_flags(p):
 
 # Horovod's own flags: what TF's collective mode has no counterpart for, with why.
 HOROVOD_ONLY = {"fp16_allreduce": "Horovod's gradient compression", "adasum": "Horovod's Adasum",
-                "fusion_threshold_mb": "Horovod's fusion buffer (TF's collective mode has --bucket-mb)",
+                "fusion_threshold_mb": "Horovod's fusion buffer (--bucket-mb sizes TF's buckets)",
                 "cycle_time_ms": "Horovod's background cycle", "horovod_loop": "Horovod's background thread",
                 "timeline": "Horovod's timeline", "mpi_allreduce": "OpenMPI's algorithm (TF runs its own ring)",
                 "mpi_busy_wait": "OpenMPI's waiting", "cpu_operations": "Horovod's data path",
@@ -131,11 +132,10 @@ def check_backend(args):
         if args.cpu_operations == "mpi" and os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
             raise UsageError("--cpu-operations mpi needs MPI: launch with mpirun (or horovodrun --mpi), "
                              "not horovodrun --gloo")
-        for dest in ("communication", "port_base", "bucket_mb"):
+        for dest in ("communication", "port_base"):
             if getattr(args, dest) is not None:
                 raise UsageError(f"--{dest.replace('_', '-')} is for TF's collective mode: it needs --backend "
-                                 "tf-collective" + (" (Horovod fuses with --fusion-threshold-mb)"
-                                                    if dest == "bucket_mb" else ""))
+                                 "tf-collective")
 
 
 def validate(args):

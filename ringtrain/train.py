@@ -13,6 +13,7 @@ from ringtrain import knobs
 from ringtrain.common.errors import Preempted, TrainingStopped, exit_now, launched_rank
 from ringtrain.synchronous import SynchronousMode
 from ringtrain.workloads import loop
+from ringtrain.workloads.gradients import DEFAULT_RING_BUCKET_MB, ring_buckets
 from ringtrain.workloads.horovod_env import allreduce_algorithm_in_effect, horovod_loop_in_effect
 from ringtrain.workloads.mode import Agreement, Topology
 from ringtrain.workloads.straggler import check as check_straggler
@@ -68,13 +69,15 @@ class HorovodConfig:
     commit_every: int = 10
     lr_scaling: bool = True     # lr x N (not with --no-lr-scaling, nor Adasum)
     warmup_epochs: float = 1.0
+    bucket_mb: float = DEFAULT_RING_BUCKET_MB
 
 
 def horovod_config(args):
     return HorovodConfig(args.fp16_allreduce, args.adasum, args.fusion_threshold_mb, args.cycle_time_ms,
                          args.horovod_loop, args.timeline, args.mpi_allreduce or "ring", args.mpi_busy_wait,
                          args.cpu_operations or "auto", args.no_allreduce, args.elastic, args.commit_every or 10,
-                         lr_scaling=not (args.no_lr_scaling or args.adasum), warmup_epochs=args.warmup_epochs)
+                         lr_scaling=not (args.no_lr_scaling or args.adasum), warmup_epochs=args.warmup_epochs,
+                         bucket_mb=DEFAULT_RING_BUCKET_MB if args.bucket_mb is None else args.bucket_mb)
 
 
 def train(config, horovod, dataset):
@@ -127,7 +130,7 @@ class RingMode(SynchronousMode):
         controller = "mpi" if self.hvd.mpi_enabled() else "gloo"
         return dict(super().summary_fields(reports), controller=controller,
                     allreduce_algorithm=allreduce_algorithm_in_effect(controller),
-                    horovod_loop=horovod_loop_in_effect())
+                    horovod_loop=horovod_loop_in_effect(), bucket_mb=self.horovod.bucket_mb)
 
 
 def make_train_step(hvd, horovod, model, optimizer, statistics=(), loss_scale=None):
@@ -157,11 +160,13 @@ def make_train_step(hvd, horovod, model, optimizer, statistics=(), loss_scale=No
     @step_function
     def train_step(images, labels, weights, global_count, lr, vote):
         optimizer.learning_rate.assign(lr)
-        # Horovod: each gradient's allreduce starts as soon as backprop produces it (as
-        # hvd.DistributedGradientTape's do); with --accumulate K, as Horovod's
-        # backward_passes_per_step, the K passes' sum is all-reduced once. Every rank's stop
-        # vote rides in one of them (a signal stops every rank after the same step).
-        exchange = None if horovod.no_allreduce else ExchangeWithVote(hvd, vote, reduce_op, compression)
+        # Horovod: the gradients are all-reduced in buckets, each as soon as backprop has made
+        # its gradients (hvd.DistributedGradientTape issues each alone: --bucket-mb 0); with
+        # --accumulate K, as Horovod's backward_passes_per_step, the K passes' sum is
+        # all-reduced once. Every rank's stop vote rides in one of them (a signal stops every
+        # rank after the same step).
+        exchange = None if horovod.no_allreduce else ExchangeWithVote(hvd, vote, reduce_op, compression,
+                                                                      int(horovod.bucket_mb * 2**20))
         # Horovod: divide by the global batch's count (or, where the ranks' gradients are
         # averaged, its mean per-rank share), not the local count, so that the ranks'
         # sum (average) is exactly the global batch's gradient.
@@ -196,10 +201,11 @@ class ExchangeWithVote:
     vote's allreduce took a Horovod cycle of its own: about 2 % of a 40 ms
     mnist_cnn step on one host, more across hosts. Adasum, which combines whole
     tensors, sums it alone, as does a model without a dense gradient. `votes`:
-    every rank's votes, summed."""
+    every rank's votes, summed. bucket_bytes: workloads.gradients.ring_buckets'."""
 
-    def __init__(self, hvd, vote, op, compression):
+    def __init__(self, hvd, vote, op, compression, bucket_bytes=0):
         self.hvd, self.vote, self.op, self.compression, self.votes = hvd, vote, op, compression, None
+        self.bucket_bytes = bucket_bytes
 
     def __call__(self, grads, grouped):
         import tensorflow as tf
@@ -220,13 +226,29 @@ class ExchangeWithVote:
 
     def allreduce(self, grads, grouped):
         """The gradients that exist (None: a variable the loss does not use) all-reduced: in one
-        grouped allreduce (the K micro-batches' sum, made at once), or each in its own, issued
-        as backprop makes it (as hvd.DistributedGradientTape's are): Horovod fuses those ready
-        in one cycle."""
+        grouped allreduce (the K micro-batches' sum, made at once), or in buckets (--bucket-mb),
+        each issued once backprop has made its gradients, last layers first. Across hosts each
+        of a model's many small gradients alone cost a Horovod round and its own small messages
+        (docs/results/2026-11-29-ring-buckets.md)."""
+        import numpy as np
+        import tensorflow as tf
         present = [g for g in grads if g is not None]
         kw = dict(op=self.op, compression=self.compression)
-        reduced = iter(self.hvd.grouped_allreduce(present, **kw) if grouped
-                       else [self.hvd.allreduce(g, **kw) for g in present])
+        if grouped:
+            buckets = [list(range(len(present)))]
+        else:
+            # (sparse gradients, and any of unknown size, alone: Horovod gathers the former)
+            sizes = [float("inf") if isinstance(g, tf.IndexedSlices) or not g.shape.is_fully_defined()
+                     else int(np.prod(g.shape)) * g.dtype.size for g in present]
+            buckets = ring_buckets(sizes, self.bucket_bytes)
+        reduced = [None] * len(present)
+        for bucket in buckets:
+            tensors = [present[i] for i in bucket]
+            done = [self.hvd.allreduce(tensors[0], **kw)] if len(tensors) == 1 else \
+                self.hvd.grouped_allreduce(tensors, **kw)
+            for i, r in zip(bucket, done):
+                reduced[i] = r
+        reduced = iter(reduced)
         return [None if g is None else next(reduced) for g in grads]
 
 

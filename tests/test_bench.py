@@ -12,6 +12,7 @@ from ringtrain.bench import expectations, scaling_report, stats, tables
 from ringtrain.bench.launch import child_env
 from ringtrain.bench.scaling_rows import build
 from helpers import BENCH, REPO, assert_one_line_error, generated_code, run, run_bench
+from ringtrain.workloads.gradients import ring_buckets
 
 
 
@@ -216,7 +217,7 @@ def test_tf_collective_hides_nothing_behind_backprop_and_is_set_against_horovod(
     # against the fit Horovod's rows use)
     (_, measured), = scaling_report.horovod_against_tf(result)[1:]
     assert (f"α-β says {77.5 / RING_AB_MS:.2f}x = {66.2 / RING_AB_MS:.2f}x overlap (what of each exchange outlasts "
-            f"backprop: Horovod's fused allreduces, TF's buckets in order) × {77.5 / 66.2:.2f}x transport (TF's ring "
+            f"backprop: Horovod's buckets and fusion, TF's buckets in order) × {77.5 / 66.2:.2f}x transport (TF's ring "
             "400.0 MB/s, OpenMPI's 3000.0 MB/s)") in measured
     # in 1 MB buckets (here: the model's 4.8 MB spread over its layers) more of TF's exchange hides
     for s in summaries[("tf-collective", 2, 0)]:
@@ -224,6 +225,15 @@ def test_tf_collective_hides_nothing_behind_backprop_and_is_set_against_horovod(
     rows = {(r["mode"], r["workers"]): r for r in build(summaries, dict(CFG, modes=["ring", "tf-collective"]), FIT,
                                                          tf_fit=tf_fit)["rows"]}
     assert rows[("tf-collective", 2)]["predicted_step_on_horovod_fit_ms"] < 66.2 - 0.1
+    # ring mode's buckets (its summary's bucket_mb): in 0.5 MB ones mnist_cnn's small layers wait for
+    # backprop's end and go in one allreduce; more of it shows than with Horovod's fusion alone
+    for s in summaries[("ring", 2, 0)]:
+        s["bucket_mb"] = 0.5
+    rows = {(r["mode"], r["workers"]): r for r in build(summaries, dict(CFG, modes=["ring", "tf-collective"]),
+                                                         FIT)["rows"]}
+    small = sum(CFG["layer_bytes"][i] for i in (0, 1, 3)) * GRADIENT_BYTES / sum(CFG["layer_bytes"])
+    assert rows[("ring", 2)]["predicted_step_time_ms"] == pytest.approx(
+        64.5 + 1e3 * stats.ring_allreduce_seconds(small, 2, 50e-6, 1 / 3e9))
 
 
 def test_ring_rows_that_gloo_carried_are_priced_with_horovods_allreduce_over_gloo():
@@ -278,6 +288,18 @@ def test_the_allreduces_follow_backprop_and_only_what_outlasts_it_shows():
     assert got == {"exchange": pytest.approx(0.9), "exposed": pytest.approx(0.3), "allreduces": 3}
     got = stats.bucketed_exchange(1.0, [300, 300, 300], 400, one_byte_a_ms)
     assert got == {"exchange": pytest.approx(0.9), "exposed": pytest.approx(2 / 3 + 0.9 - 1.0), "allreduces": 2}
+    # ring mode's buckets, in order: [300] alone (>= 250), then [100, 200] together once backprop has made
+    # the first layer's (1 s): 0.3 + 0.3 s of allreduce, the second from 1 s, so 0.3 s shows
+    buckets = ring_buckets([100, 200, 300], 250)
+    assert buckets == [[2], [1, 0]]
+    got = stats.exchange_in_buckets(1.0, [100, 200, 300], buckets, one_byte_a_ms)
+    assert got == {"exchange": pytest.approx(0.6), "exposed": pytest.approx(0.3), "allreduces": 2}
+    # a bucket that never fills waits for backprop's end; a large layer made before it goes first,
+    # from 2/3 s to 0.967 s, and the small ones' 0.15 s shows
+    buckets = ring_buckets([100, 300, 50], 250)
+    assert buckets == [[2, 0], [1]]
+    got = stats.exchange_in_buckets(1.0, [100, 300, 50], buckets, one_byte_a_ms)
+    assert got == {"exchange": pytest.approx(0.45), "exposed": pytest.approx(0.15), "allreduces": 2}
     # a ring of n ranks takes 2(n-1) steps (latency), and each rank sends 2(n-1)/n of the buffer
     assert stats.ring_allreduce_seconds(0, 4, 1e-3, 0) == pytest.approx(6e-3)
     assert stats.ring_allreduce_seconds(4_000_000, 4, 0, 1e-9) == pytest.approx(6e-3)  # 6 MB sent at 1 GB/s

@@ -47,9 +47,10 @@ def test_horovod_knobs_keep_ranks_identical_and_write_timeline_and_tensorboard(t
 
 
 def test_ring_modes_exchange_sums_the_stop_votes_inside_the_gradients_for_every_op():
-    # Sum, Average, Average in fp16 and Adasum, each alone and grouped (--accumulate): rank 1's
-    # vote comes back as 1 on both ranks, the gradients as their sum or average, their shapes,
-    # a None and an IndexedSlices gradient as they were (tests/scripts/ring_exchange.py)
+    # Sum, Average, Average in fp16 and Adasum, each alone, grouped (--accumulate) and in buckets
+    # (--bucket-mb): rank 1's vote comes back as 1 on both ranks, the gradients as their sum or
+    # average, their shapes, a None and an IndexedSlices gradient as they were
+    # (tests/scripts/ring_exchange.py)
     assert_every_check_ok(on_two_ranks("ring_exchange.py"),
-                          {f"{op}{grouped}" for op in ("sum", "average", "average-fp16", "adasum")
-                           for grouped in ("", "-grouped")})
+                          {f"{op}{how}" for op in ("sum", "average", "average-fp16", "adasum")
+                           for how in ("", "-grouped", "-bucketed")})

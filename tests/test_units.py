@@ -14,6 +14,7 @@ from ringtrain.workloads.horovod_env import allreduce_algorithm_in_effect, cpu_o
 from ringtrain.workloads.schedule import learning_rate_schedule
 from ringtrain.workloads.console import Console, human_summary
 from ringtrain.workloads.evaluation import Evaluation
+from ringtrain.workloads.gradients import ring_buckets
 from ringtrain.workloads.summary import build_summary
 
 
@@ -239,6 +240,17 @@ def test_auto_keeps_openmpis_path_where_this_hosts_name_resolves_to_loopback(mon
     assert cpu_operations_env("auto", spans) == {"HOROVOD_CPU_OPERATIONS": "mpi"}
     monkeypatch.setattr(socket, "gethostbyname", lambda name: "198.18.0.2")
     assert cpu_operations_env("auto", spans) == {"HOROVOD_CPU_OPERATIONS": "gloo"}
+
+
+def test_ring_buckets_group_small_gradients_last_layers_first_and_leave_a_large_one_alone():
+    # mnist_cnn's 8 gradients (bytes, the model's order) in 0.5 MB buckets: its 4.72 MB dense kernel alone,
+    # in place; the small ones in the order backprop makes them, until a bucket holds 0.5 MB (these 80 KB
+    # never do: one bucket, after backprop, and one Horovod round fewer a step)
+    sizes = [1_152, 128, 73_728, 256, 4_718_592, 512, 5_120, 40]
+    assert ring_buckets(sizes, 2**19) == [[7, 6, 5, 3, 2, 1, 0], [4]]
+    assert ring_buckets([300_000, 300_000, 300_000], 2**19) == [[2, 1], [0]]
+    assert ring_buckets(sizes, 0) == [[i] for i in reversed(range(8))]  # 0: each alone
+    assert ring_buckets([float("inf"), 10], 100) == [[1], [0]]  # a sparse gradient, alone
 
 
 # --- memory between steps --------------------------------------------------------

@@ -255,7 +255,7 @@ def overlap_and_transport(result, ring, tf):
     horovod_fit, tf_fit = (fit_at(f, n) for f in fits)
     mb_per_sec = lambda fit: 1e3 * (fit["bandwidth_gb_per_sec"] or 0)
     return (f" = {same_links / ring['predicted_step_time_ms']:.2f}x overlap (what of each exchange outlasts "
-            f"backprop: Horovod's fused allreduces, TF's buckets in order) × "
+            f"backprop: Horovod's buckets and fusion, TF's buckets in order) × "
             f"{tf['predicted_step_time_ms'] / same_links:.2f}x transport (TF's ring {mb_per_sec(tf_fit):.1f} MB/s, "
             f"{'Gloo' if gloo else 'OpenMPI'}'s {mb_per_sec(horovod_fit):.1f} MB/s)")
 

@@ -84,21 +84,29 @@ def backprop_exchange(backward, layer_bytes, allreduce_seconds):
 def bucketed_exchange(backward, layer_bytes, bucket_bytes, allreduce_seconds):
     """TF collective mode's exchange (--bucket-mb): the gradients, last layers
     first, grouped into buckets of at least `bucket_bytes` as TF groups them
-    (0: one bucket); a bucket's all-reduce starts once backprop has made its
-    last gradient and the bucket before it is done (TF keeps their order).
-    Layers as in backprop_exchange; returns the same fields."""
-    ready = [backward * (k + 1) / len(layer_bytes) for k in range(len(layer_bytes))]
-    buckets, filled = [], None  # [(ready when, bytes)]
-    for when, nbytes in zip(ready, reversed(layer_bytes)):
+    (0: one bucket). Layers as in backprop_exchange; returns the same fields."""
+    buckets, filled = [], None  # [[layer index, ...]], last layers first
+    for k in reversed(range(len(layer_bytes))):
         if not buckets or (bucket_bytes and filled > bucket_bytes):
-            buckets.append([when, 0.0])
+            buckets.append([])
             filled = 0.0
-        buckets[-1] = [when, buckets[-1][1] + nbytes]
-        filled += nbytes
+        buckets[-1].append(k)
+        filled += layer_bytes[k]
+    return exchange_in_buckets(backward, layer_bytes, buckets, allreduce_seconds)
+
+
+def exchange_in_buckets(backward, layer_bytes, buckets, allreduce_seconds):
+    """An exchange in buckets (lists of layer indices): a bucket's all-reduce
+    starts once backprop has made its last gradient and the bucket ready
+    before it is done (one at a time, in the order they become ready). Ring
+    mode's buckets: workloads.gradients.ring_buckets. Layers as in
+    backprop_exchange; returns the same fields."""
+    n = len(layer_bytes)
+    ready = lambda bucket: max(backward * (n - k) / n for k in bucket)  # (backprop: layer k of n, last to first)
     free, busy = 0.0, 0.0
-    for when, nbytes in buckets:
-        took = allreduce_seconds(nbytes)
-        free, busy = max(free, when) + took, busy + took
+    for bucket in sorted(buckets, key=ready):
+        took = allreduce_seconds(sum(layer_bytes[k] for k in bucket))
+        free, busy = max(free, ready(bucket)) + took, busy + took
     return {"exchange": busy, "exposed": max(0.0, free - backward), "allreduces": len(buckets)}
 
 

@@ -4,7 +4,7 @@ collective mode) and for tf.compat.v1 optimizers in a graph (the PS of the
 classic distributed-TensorFlow tutorials). A non-finite gradient never
 reaches the weights; the loop decides whether to stop or go on. Also how a
 step's gradients are made (micro-batches accumulated, a loss scale undone)
-and, in TF's collective mode, all-reduced in buckets."""
+and grouped into buckets for their all-reduce (TF's collective mode, ring mode)."""
 
 
 def all_finite(tf, grads):
@@ -13,6 +13,30 @@ def all_finite(tf, grads):
 
 # TF collective mode's buckets (--bucket-mb), measured: docs/results/2026-11-25-fastest-ring.md
 DEFAULT_BUCKET_MB = 4.0
+# Ring mode's (--bucket-mb under Horovod), measured: docs/results/2026-11-29-ring-buckets.md
+DEFAULT_RING_BUCKET_MB = 0.5
+
+
+def ring_buckets(sizes, bucket_bytes):
+    """Ring mode's buckets: lists of indices into `sizes` (each gradient's
+    bytes, in the model's order), last layers first. A gradient of at least
+    `bucket_bytes` is all-reduced alone, in place (in a fused bucket Horovod
+    would copy it in and out of its fusion buffer); smaller ones are grouped,
+    in the order backprop makes them, until a group holds `bucket_bytes`.
+    0: each gradient alone (Horovod's fusion of whatever is ready in a cycle)."""
+    buckets, small, filled = [], None, 0
+    for i in reversed(range(len(sizes))):
+        if not bucket_bytes or sizes[i] >= bucket_bytes:
+            buckets.append([i])
+            continue
+        if small is None:
+            small, filled = [], 0
+            buckets.append(small)
+        small.append(i)
+        filled += sizes[i]
+        if filled >= bucket_bytes:
+            small = None
+    return buckets
 
 
 def all_reduce_in_buckets(tf, grads, bucket_bytes):

@@ -2,9 +2,10 @@
 (train.ExchangeWithVote) in a tf.function, as its train step uses it. For
 each reduce op, compression and grouping ringtrain uses, every rank gives
 gradients of its own (a dense one, a rank-1 one that carries the vote, an
-IndexedSlices one and a None), and rank 1 votes to stop. (Grouped, the K
-micro-batches' sum, has no IndexedSlices left, and Adasum takes none; Adasum's
-result is checked against adasum_reference, per tensor, grouped or not.) Prints
+IndexedSlices one and a None), and rank 1 votes to stop: each gradient alone,
+grouped (the K micro-batches' sum) and in buckets (--bucket-mb: the dense ones
+in one). (Grouped has no IndexedSlices left, and Adasum takes none; Adasum's
+result is checked against adasum_reference, per tensor, however sent.) Prints
 one JSON line per case: {"rank", "check", "ok", "detail"}."""
 import json
 import os
@@ -36,11 +37,12 @@ CASES = {"sum": (hvd.Sum, hvd.Compression.none), "average": (hvd.Average, hvd.Co
          "average-fp16": (hvd.Average, hvd.Compression.fp16), "adasum": (hvd.Adasum, hvd.Compression.none)}
 
 for name, (op, compression) in CASES.items():
-    for grouped in (False, True):
-        case = f"{name}{'-grouped' if grouped else ''}"
+    for how in ("", "-grouped", "-bucketed"):
+        case, grouped = f"{name}{how}", how == "-grouped"
         try:
             sparse = not grouped and op != hvd.Adasum
-            exchange = ExchangeWithVote(hvd, tf.constant(float(RANK)), op, compression)
+            exchange = ExchangeWithVote(hvd, tf.constant(float(RANK)), op, compression,
+                                        bucket_bytes=2**20 if how == "-bucketed" else 0)
             # (traced as ring mode's step is, without AutoGraph: no generated code left in /tmp)
             step = tf.function(lambda: (exchange(gradients(RANK, sparse), grouped), exchange.votes), autograph=False)
             reduced, votes = step()
