@@ -227,9 +227,9 @@ class ExchangeWithVote:
     def allreduce(self, grads, grouped):
         """The gradients that exist (None: a variable the loss does not use) all-reduced: in one
         grouped allreduce (the K micro-batches' sum, made at once), or in buckets (--bucket-mb),
-        each issued once backprop has made its gradients, last layers first. Across hosts each
-        of a model's many small gradients alone cost a Horovod round and its own small messages
-        (docs/results/2026-11-29-ring-buckets.md)."""
+        each issued once backprop has made its gradients, last layers first. Issued alone, each
+        of a model's many small gradients took a Horovod round, and across hosts small messages
+        of its own (docs/results/2026-11-29-ring-buckets.md)."""
         import numpy as np
         import tensorflow as tf
         present = [g for g in grads if g is not None]
