@@ -230,7 +230,6 @@ class ExchangeWithVote:
         each issued once backprop has made its gradients, last layers first. Issued alone, each
         of a model's many small gradients took a Horovod round, and across hosts small messages
         of its own (docs/results/2026-11-29-ring-buckets.md)."""
-        import numpy as np
         import tensorflow as tf
         present = [g for g in grads if g is not None]
         kw = dict(op=self.op, compression=self.compression)
@@ -238,8 +237,8 @@ class ExchangeWithVote:
             buckets = [list(range(len(present)))]
         else:
             # (sparse gradients, and any of unknown size, alone: Horovod gathers the former)
-            sizes = [float("inf") if isinstance(g, tf.IndexedSlices) or not g.shape.is_fully_defined()
-                     else int(np.prod(g.shape)) * g.dtype.size for g in present]
+            elements = [None if isinstance(g, tf.IndexedSlices) else g.shape.num_elements() for g in present]
+            sizes = [float("inf") if n is None else n * g.dtype.size for n, g in zip(elements, present)]
             buckets = ring_buckets(sizes, self.bucket_bytes)
         reduced = [None] * len(present)
         for bucket in buckets:
