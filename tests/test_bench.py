@@ -628,3 +628,14 @@ def test_replication_modes_get_their_own_launch_and_towers_stay_on_one_machine()
     assert towers[1:4] == ["towers", "--towers", "2"] and "--summary-json" in towers
     in_graph = scaling.command("ps-ingraph", 2, 1, cfg, 64, "s.json", site, "/tmp")
     assert in_graph[1] == "launch" and in_graph[in_graph.index("--replication") + 1] == "in-graph"
+
+
+def test_the_bench_bucket_size_reaches_every_ring_but_not_ps():
+    from ringtrain.bench import scaling, sites
+    site = sites.this_machine()
+    for mode in ("ring", "ring-gloo", "ring-mpi", "tf-collective"):
+        given = scaling.command(mode, 2, 0, dict(CFG, bucket_mb=0.25), 64, "s.json", site, "/tmp")
+        assert given[given.index("--bucket-mb") + 1] == "0.25", mode
+        assert "--bucket-mb" not in scaling.command(mode, 2, 0, dict(CFG, bucket_mb=None), 64, "s.json", site, "/tmp")
+    ps = scaling.command("ps-sync", 2, 1, dict(CFG, bucket_mb=0.25), 64, "s.json", site, "/tmp")
+    assert "--bucket-mb" not in ps

@@ -11,7 +11,7 @@ from ringtrain.bench.publish import publish
 from ringtrain.common.errors import UsageError, run_cli
 from ringtrain.common.parsing import add_version, finite_float, non_negative_float, non_negative_int, positive_float, positive_int
 from ringtrain.workloads.flags import DEFAULT_MODEL, OneLineParser, image_shape, model_name, simulated_accelerator
-from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB
+from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB, DEFAULT_RING_BUCKET_MB
 from ringtrain.workloads.horovod_env import MPI_ALLREDUCE_ALGORITHMS, knob_env
 from ringtrain.workloads.outputs import check_outputs
 
@@ -170,7 +170,8 @@ def add_scaling_flags(p, modes_default):
                         f"ps-async, independent (N single-rank trainers at once, nothing exchanged: "
                         f"the machine's ceiling; on one machine only) (default {modes_default})")
     g.add_argument("--bucket-mb", type=non_negative_float, metavar="MB",
-                   help=f"TF collective rows: ringtrain --bucket-mb (default: its own, {DEFAULT_BUCKET_MB:g} MB)")
+                   help=f"ring and TF collective rows: ringtrain --bucket-mb (default: each backend's own, "
+                        f"{DEFAULT_RING_BUCKET_MB:g} MB for Horovod's ring, {DEFAULT_BUCKET_MB:g} MB for TF's)")
     g.add_argument("--data", default="synthetic", metavar="SOURCE",
                    help="the trainers' --data: a glob of TFRecords, a folder, package.module:function, mnist, "
                         "cifar10 or synthetic (default %(default)s)")

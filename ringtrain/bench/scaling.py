@@ -82,7 +82,7 @@ def command(mode, workers, num_ps, cfg, batch, summary, site, workdir):
                 "--num-workers", str(workers), "--placement", cfg.get("placement", "round_robin")] + train
     assert registered.launcher == "mpirun", f"the bench does not start {registered.launcher} yet"
     trainer = [launch.tool("ringtrain")] + train + (horovod_knobs(mode, cfg) if bench_modes.is_ring(mode) else [])
-    if bench_modes.exchange(mode) == "tf" and cfg.get("bucket_mb") is not None:
+    if bench_modes.all_reduces(mode) and cfg.get("bucket_mb") is not None:  # Horovod's ring or TF's
         trainer += ["--bucket-mb", f"{cfg['bucket_mb']:g}"]
     hosts = site.host_list(workers) if site.across_hosts else None
     if mode == "ring-gloo":
