@@ -98,9 +98,10 @@ def add_horovod_flags(p):
                    help="let OpenMPI spin while waiting (its default); ringtrain otherwise sets "
                         "OMPI_MCA_mpi_yield_when_idle=1, which is faster when ranks share cores")
     r.add_argument("--cpu-operations", choices=CPU_OPERATIONS, default=None,
-                   help="under mpirun, what carries the gradients (HOROVOD_CPU_OPERATIONS): auto (the default) "
-                        "takes Gloo's TCP ring when the ranks span hosts, where OpenMPI's polling wait costs "
-                        "the compute its cores, and OpenMPI's shared memory on one host; mpi; gloo")
+                   help="under mpirun, what carries the gradients and coordinates Horovod's rounds "
+                        "(HOROVOD_CPU_OPERATIONS, HOROVOD_CONTROLLER): auto (the default) takes Gloo when the "
+                        "ranks span hosts, where OpenMPI's polling waits cost the compute its cores, and "
+                        "OpenMPI (its shared memory) on one host; mpi; gloo")
     r.add_argument("--elastic", action="store_true",
                    help="go on when ranks are lost or added, under horovodrun's elastic mode (horovodrun "
                         "--gloo -np N --min-np M --max-np X --host-discovery-script S ringtrain --elastic)")

@@ -7,6 +7,7 @@ evaluation and the summary) is the shared loop's (workloads/loop.py), which
 this recipe hands its mode; what it shares with TF's collective mode (the
 shards, the lr schedule, the step's bookkeeping) is ringtrain/synchronous.py.
 """
+import re
 from dataclasses import dataclass
 
 from ringtrain import knobs
@@ -14,8 +15,9 @@ from ringtrain.common.errors import Preempted, TrainingStopped, exit_now, launch
 from ringtrain.synchronous import SynchronousMode
 from ringtrain.workloads import loop
 from ringtrain.workloads.gradients import DEFAULT_RING_BUCKET_MB, ring_buckets
-from ringtrain.workloads.horovod_env import allreduce_algorithm_in_effect, horovod_loop_in_effect
+from ringtrain.workloads.horovod_env import allreduce_algorithm_in_effect, controller_in_effect, horovod_loop_in_effect
 from ringtrain.workloads.mode import Agreement, Topology
+from ringtrain.workloads.preemption import PREEMPTION
 from ringtrain.workloads.straggler import check as check_straggler
 
 
@@ -36,7 +38,8 @@ def in_horovod(run):
         hvd.shutdown()  # (MPI_Finalize: mpirun takes a rank that leaves without it for a failure)
         raise
     except Exception as e:
-        if "Horovod has been shut down" not in str(e):
+        gone = peer_gone(str(e))
+        if gone is None:
             if hvd.is_initialized() and hvd.size() == 1:
                 # (no peer to wait for: without MPI_Finalize, a one-process run's OpenMPI
                 # left its session folder in /tmp at every error; with peers, Finalize could
@@ -44,12 +47,29 @@ def in_horovod(run):
                 hvd.shutdown()
             raise
         # A peer died mid-collective: what the launcher says next names it; say it in one line here.
+        # Unless the launcher is already ending this rank (mpirun wakes a frozen rank with SIGCONT,
+        # then SIGTERM, and under Gloo it sees its peers gone at once): whoever named it has said so.
         rank = launched_rank()
         raise TrainingStopped(f"{'rank ' + str(rank) + ': ' if rank is not None else ''}a collective failed: "
-                              "another rank, or its host, is gone (Horovod has been shut down); the job ends: "
-                              "resume with --resume from the last checkpoint, or run with --elastic") from None
+                              f"another rank, or its host, is gone ({gone}); the job ends: "
+                              "resume with --resume from the last checkpoint, or run with --elastic",
+                              quiet=PREEMPTION.requested) from None
     hvd.shutdown()
     return exit_now(code)
+
+
+# What Gloo's TCP transport says when a peer's sockets close or go silent mid-collective
+# ("[.../gloo/transport/tcp/pair.cc:598] Connection closed by peer [198.18.0.1]:20897").
+GLOO_TRANSPORT = re.compile(r"gloo/transport/[\w/]+\.cc:\d+\] ([^\n]+)")
+
+
+def peer_gone(message):
+    """What a failed collective's error says of a peer that is gone (Horovod's own
+    shutdown, or Gloo's transport), or None for any other error."""
+    if "Horovod has been shut down" in message:
+        return "Horovod has been shut down"
+    found = GLOO_TRANSPORT.search(message)
+    return f"Gloo: {found.group(1).strip()}" if found else None
 
 
 @dataclass(frozen=True)
@@ -91,7 +111,7 @@ def train(config, horovod, dataset):
 def start_horovod(config, horovod):
     """Horovod initialised, this rank pinned, the model, its optimizer and
     float16's loss scale (or None) built."""
-    knobs.apply_before_init(horovod)  # MPI yield, fusion buffer, cycle time, timeline: read by hvd.init
+    knobs.apply_before_init(horovod, config.loop.stall_timeout)  # MPI's and Horovod's knobs: read by hvd.init
     import horovod.tensorflow as hvd
     from ringtrain.workloads.devices import pin_gpu
     from ringtrain.workloads.gradients import LossScale
@@ -127,7 +147,7 @@ class RingMode(SynchronousMode):
         self.identical_updates = not horovod.no_allreduce  # (without the allreduce, each rank its own)
 
     def summary_fields(self, reports):
-        controller = "mpi" if self.hvd.mpi_enabled() else "gloo"
+        controller = controller_in_effect(self.hvd.mpi_enabled())
         return dict(super().summary_fields(reports), controller=controller,
                     allreduce_algorithm=allreduce_algorithm_in_effect(controller),
                     horovod_loop=horovod_loop_in_effect(), bucket_mb=self.horovod.bucket_mb)

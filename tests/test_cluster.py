@@ -147,6 +147,34 @@ def test_a_task_killed_under_mpirun_ends_the_job_and_its_rank_names_the_task(clu
     assert_no_process_left_on_any_host(cluster)
 
 
+def test_a_frozen_rank_on_another_host_is_named_where_gloo_coordinates_the_ring(cluster, tmp_path):
+    """Under mpirun across hosts Gloo coordinates Horovod's rounds (patch 0014), and its
+    own timeout waits 10 s longer than --stall-timeout: the watchdog names the rank, and
+    the job ends."""
+    stall = 8
+    hosts = tmp_path / "hosts"
+    hosts.write_text("h1 slots=1\nh2 slots=1\n")
+    with Tasks(str(tmp_path)) as tasks:
+        tasks.start("ring", on(cluster, "h1", "mpirun", "--hostfile", str(hosts), os.path.join(BIN, "ringtrain"),
+                               "--model", "mnist_mlp", "--batch-size", "16", "--steps", "100000", "--log-every",
+                               "10", *ONE_THREAD, "--stall-timeout", str(stall)))
+        tasks.wait_for_text("ring", "step 20/", timeout=120)
+        victim = pid_on(cluster, "h2", lambda argv: any(a.endswith("/ringtrain") for a in argv))
+        assert victim, "no rank on h2"
+        os.kill(victim, signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            code = tasks.wait("ring", stall + 30)
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        seconds, log = time.monotonic() - frozen, tasks.log("ring")
+    assert code != 0 and seconds < stall + 15, (code, seconds, log[-3000:])
+    lines = [line for line in log.splitlines() if "ringtrain: error:" in line]
+    assert len(lines) == 1 and "rank 1 (h2)" in lines[0] and "stopped answering" in lines[0], log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    assert_no_process_left_on_any_host(cluster)
+
+
 @pytest.mark.parametrize("launcher", ["launch", "mpirun"])
 def test_a_dead_host_ends_the_job_with_a_line_naming_it(cluster_to_crash, tmp_path, launcher):
     """h3 loses power mid-job: its link goes silent and all its processes die.

@@ -73,8 +73,9 @@ def test_two_ranks_are_identical_and_equal_one_process_on_the_global_batch(
     assert_same_weights(weights(dump, 0), one_process_on_the_global_batch)
 
 
-# what carried the gradients: under mpirun across hosts Gloo's ring, unless asked for OpenMPI's
-CARRIED = {"mpirun-hostfile": "gloo ring", "mpirun-hostfile-mpi-ops": "mpi ring", "horovodrun-gloo": "gloo ring"}
+# what carried the gradients, and what coordinated: under mpirun across hosts Gloo, unless asked for OpenMPI
+CARRIED = {"mpirun-hostfile": ("gloo ring", "gloo"), "mpirun-hostfile-mpi-ops": ("mpi ring", "mpi"),
+           "horovodrun-gloo": ("gloo ring", "gloo")}
 
 
 @pytest.mark.parametrize("launcher", ["mpirun-hostfile", "mpirun-hostfile-mpi-ops", "horovodrun", "horovodrun-gloo",
@@ -95,6 +96,7 @@ def test_across_hosts_too(cluster, launcher, tmp_path, one_process_on_the_global
             str(summary)], timeout=240, env=ENV)
     assert last_json(summary.read_text())["hosts"] == ["h1", "h2"]
     if launcher in CARRIED:
-        assert last_json(summary.read_text())["allreduce_algorithm"] == CARRIED[launcher]
+        said = last_json(summary.read_text())
+        assert (said["allreduce_algorithm"], said["controller"]) == CARRIED[launcher]
     assert_same_weights(weights(dump, 0), weights(dump, 1), exact=True)
     assert_same_weights(weights(dump, 0), one_process_on_the_global_batch)

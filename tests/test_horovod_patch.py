@@ -1,6 +1,6 @@
 """Ringtrain's Horovod patches: the event-driven background loop (0004),
-Keras 3 support (0002, 0005) and horovodrun's own (0009, 0011), under real
-mpirun and horovodrun --gloo."""
+Keras 3 support (0002, 0005), horovodrun's own (0009, 0011) and Gloo's
+controller under mpirun (0014), under real mpirun and horovodrun --gloo."""
 import concurrent.futures
 import os
 import textwrap
@@ -13,13 +13,18 @@ from helpers import (BIN, ENV, ONE_THREAD, assert_every_check_ok, assert_same_we
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
-@pytest.mark.parametrize("gloo", [False, True], ids=["mpi", "gloo"])
-def test_horovods_api_that_ringtrain_uses_still_works(tmp_path, gloo):
-    lines = on_two_ranks("horovod_api.py", str(tmp_path / "timeline.json"), gloo=gloo)
+# Gloo coordinating and carrying the tensors under mpirun (patch 0014): Gloo's contexts built over MPI
+GLOO_UNDER_MPIRUN = [("HOROVOD_CONTROLLER", "gloo"), ("HOROVOD_CPU_OPERATIONS", "gloo")]
+
+
+@pytest.mark.parametrize("launch", ["mpi", "gloo", "mpirun-gloo"])
+def test_horovods_api_that_ringtrain_uses_still_works(tmp_path, launch):
+    lines = on_two_ranks("horovod_api.py", str(tmp_path / "timeline.json"), gloo=launch == "gloo",
+                         env=GLOO_UNDER_MPIRUN if launch == "mpirun-gloo" else ())
     assert_every_check_ok(lines, {"distributed_gradient_tape", "broadcast", "allgather", "join", "timeline",
                                   "partial_distributed_gradient_tape", "register_local_source",
                                   "sync_batch_normalization", "sync_batch_normalization_keras2_keywords",
-                                  *([] if gloo else ["grouped_allreduce_under_adasum"])})
+                                  *(["grouped_allreduce_under_adasum"] if launch == "mpi" else [])})
 
 
 def idle_cpu(loop, gloo=False):

@@ -10,7 +10,7 @@ import pytest
 from ps_baseline import launcher
 from ps_baseline.reports import Staleness, staleness_fields
 from ringtrain.workloads.checkpoints import Progress
-from ringtrain.workloads.horovod_env import allreduce_algorithm_in_effect, cpu_operations_env
+from ringtrain.workloads.horovod_env import allreduce_algorithm_in_effect, controller_in_effect, cpu_operations_env
 from ringtrain.workloads.schedule import learning_rate_schedule
 from ringtrain.workloads.console import Console, human_summary
 from ringtrain.workloads.evaluation import Evaluation
@@ -229,17 +229,35 @@ def test_too_few_slots_says_how_many_there_are_and_are_needed():
 def test_gloo_carries_the_gradients_under_mpirun_when_ranks_span_hosts(environ, choice, expected):
     env = cpu_operations_env(choice, environ)
     assert env.get("HOROVOD_CPU_OPERATIONS") == expected
-    if expected:  # (the summary's name for it, under mpirun's MPI controller)
-        assert allreduce_algorithm_in_effect("mpi", dict(environ, **env)).startswith(expected)
+    assert env.get("HOROVOD_CONTROLLER") == expected  # what carries the tensors coordinates too
+    if expected:  # (the summary's names for them)
+        assert allreduce_algorithm_in_effect(expected, dict(environ, **env)).startswith(expected)
+        assert controller_in_effect(True, dict(environ, **env)) == expected
+
+
+def test_gloos_timeout_under_mpirun_outlasts_the_stall_watchdog():
+    from ringtrain.workloads.horovod_env import gloo_timeout_env
+    gloo = {"HOROVOD_CONTROLLER": "gloo"}
+    assert gloo_timeout_env(120, gloo) == {"HOROVOD_GLOO_TIMEOUT_SECONDS": "130"}
+    assert gloo_timeout_env(0, gloo) == {"HOROVOD_GLOO_TIMEOUT_SECONDS": "86400"}  # watchdog off: no 30 s end
+    assert gloo_timeout_env(120, {"HOROVOD_CONTROLLER": "mpi"}) == {}
+    assert gloo_timeout_env(120, dict(gloo, HOROVOD_GLOO_RENDEZVOUS_ADDR="h1")) == {}  # horovodrun's own
+
+
+def test_a_users_own_data_path_sets_the_controller_too():
+    spans = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "HOROVOD_GLOO_IFACE": "eth0"}
+    env = cpu_operations_env("auto", dict(spans, HOROVOD_CPU_OPERATIONS="MPI"))
+    assert env == {"HOROVOD_CPU_OPERATIONS": "mpi", "HOROVOD_CONTROLLER": "mpi"}
+    assert controller_in_effect(True, {}) == "mpi" and controller_in_effect(False, {}) == "gloo"
 
 
 def test_auto_keeps_openmpis_path_where_this_hosts_name_resolves_to_loopback(monkeypatch):
     import socket
     spans = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
     monkeypatch.setattr(socket, "gethostbyname", lambda name: "127.0.1.1")  # Debian's /etc/hosts
-    assert cpu_operations_env("auto", spans) == {"HOROVOD_CPU_OPERATIONS": "mpi"}
+    assert cpu_operations_env("auto", spans)["HOROVOD_CPU_OPERATIONS"] == "mpi"
     monkeypatch.setattr(socket, "gethostbyname", lambda name: "198.18.0.2")
-    assert cpu_operations_env("auto", spans) == {"HOROVOD_CPU_OPERATIONS": "gloo"}
+    assert cpu_operations_env("auto", spans)["HOROVOD_CPU_OPERATIONS"] == "gloo"
 
 
 def test_ring_buckets_group_small_gradients_last_layers_first_and_leave_a_large_one_alone():
@@ -273,3 +291,14 @@ def test_a_steps_freed_megabytes_are_reused_not_faulted_in_again():
     for _ in range(20):
         step()
     assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 2048
+
+
+def test_a_collective_whose_peer_is_gone_is_told_from_any_other_error():
+    from ringtrain.train import peer_gone
+    gloo = ("Graph execution error:\n\nDetected at node HorovodGroupedAllreduce_0\n  File ...\n\n"
+            "[/tmp/tmp.x/horovod-0.28.1/third_party/compatible17_gloo/gloo/transport/tcp/pair.cc:598] "
+            "Connection closed by peer [198.18.156.1]:59276\n\t [[{{node HorovodGroupedAllreduce_0}}]]")
+    assert peer_gone(gloo) == "Gloo: Connection closed by peer [198.18.156.1]:59276"
+    assert peer_gone("Horovod has been shut down. This was caused by an exception on one of the ranks") == \
+        "Horovod has been shut down"
+    assert peer_gone("Incompatible shapes: [64,10] vs. [32,10]") is None

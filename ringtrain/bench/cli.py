@@ -162,8 +162,8 @@ def add_horovod_flags(p):
 def add_scaling_flags(p, modes_default):
     g = p.add_argument_group("scaling bench")
     g.add_argument("--modes", type=mode_list, default=mode_list(modes_default),
-                   help=f"comma list of ring (mpirun; across hosts Gloo carries the gradients), ring-mpi (the "
-                        f"same with OpenMPI's data path across hosts too), ring-upstream (the same as ring with "
+                   help=f"comma list of ring (mpirun; across hosts Gloo carries the gradients and coordinates), "
+                        f"ring-mpi (the same with OpenMPI doing both across hosts too), ring-upstream (the same as ring with "
                         f"Horovod's upstream background loop), ring-gloo (horovodrun --gloo), tf-collective (TF's own ring: "
                         f"MultiWorkerMirroredStrategy under mpirun), ps-sync, ps-ingraph (in-graph "
                         f"replication), towers (one process, a tower per device; one machine only), "

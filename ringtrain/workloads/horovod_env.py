@@ -19,6 +19,8 @@ MPI_TCP_LINKS = {"OMPI_MCA_btl_tcp_links": "2"}
 # transfer, and that thread took 31-48 % of a core on 2 simulated hosts sharing 2 cores,
 # where Gloo's, blocked in the kernel, took 2-5 %; its steps were 1.45x as long. On one
 # host OpenMPI's shared memory is the faster (65 ms steps against Gloo's loopback 74 ms).
+# Where Gloo carries the tensors it coordinates the rounds too (HOROVOD_CONTROLLER,
+# patch 0014): MPI's controller negotiated each round with MPI collectives over TCP.
 CPU_OPERATIONS = ("auto", "mpi", "gloo")
 
 
@@ -47,14 +49,34 @@ def gloo_can_find_this_host(environ=None):
 
 
 def cpu_operations_env(choice="auto", environ=None):
-    """{HOROVOD_CPU_OPERATIONS: ...} for `choice` under mpirun; auto is Gloo's data path
-    when the ranks span hosts and Gloo can find this one, else OpenMPI's (Horovod's own
-    default). Under horovodrun --gloo (a Gloo rendezvous) Gloo carries everything."""
+    """{HOROVOD_CPU_OPERATIONS, HOROVOD_CONTROLLER} for `choice` under mpirun; auto is
+    Gloo's when the ranks span hosts and Gloo can find this one, else OpenMPI's (Horovod's
+    own default). Under horovodrun --gloo (a Gloo rendezvous) Gloo does everything."""
     env = os.environ if environ is None else environ
     if env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
         return {}
     gloo = choice == "gloo" or (choice == "auto" and ranks_span_hosts(env) and gloo_can_find_this_host(env))
-    return {"HOROVOD_CPU_OPERATIONS": "gloo" if gloo else "mpi"}
+    library = env.get("HOROVOD_CPU_OPERATIONS", "").lower() or ("gloo" if gloo else "mpi")  # a user's own wins
+    return {"HOROVOD_CPU_OPERATIONS": library, "HOROVOD_CONTROLLER": "gloo" if library == "gloo" else "mpi"}
+
+
+def gloo_timeout_env(stall_timeout, environ=None):
+    """Gloo's own timeout where ringtrain made Gloo the controller under mpirun: a rank
+    waits in Gloo's negotiation for the slowest, and Gloo's default 30 s would end a live
+    job whose chief takes longer (a checkpoint, an evaluation). A silent rank is the stall
+    watchdog's to name, so Gloo waits 10 s longer than it (a day with the watchdog off).
+    horovodrun --gloo sets its own (--gloo-timeout-seconds)."""
+    env = os.environ if environ is None else environ
+    if env.get("HOROVOD_CONTROLLER") != "gloo" or env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        return {}
+    return {"HOROVOD_GLOO_TIMEOUT_SECONDS": f"{stall_timeout + 10:.0f}" if stall_timeout else "86400"}
+
+
+def controller_in_effect(mpi_enabled, environ=None):
+    """Who coordinated Horovod's rounds, for the summary (under Gloo's controller MPI may
+    still be enabled: it built Gloo's contexts)."""
+    env = os.environ if environ is None else environ
+    return env.get("HOROVOD_CONTROLLER", "").lower() or ("mpi" if mpi_enabled else "gloo")
 
 
 # Horovod's background loop (patches/horovod-0.28.1/0004): "event" sleeps until a
