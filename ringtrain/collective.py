@@ -26,6 +26,7 @@ from ringtrain.workloads import loop
 from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB
 from ringtrain.workloads.mode import Agreement, Topology
 from ringtrain.workloads.straggler import check as check_straggler
+from ringtrain.workloads.stall import AFTER_THE_WATCHDOG
 
 
 def main(config, args, dataset):
@@ -162,14 +163,12 @@ def connect(tf, communication="RING", stall_timeout=0.0):
     """TF's MultiWorkerMirroredStrategy over the workers of TF_CONFIG, reducing
     with `communication` (RING, AUTO or NCCL). stall_timeout: --stall-timeout,
     after which the watchdog names a worker that stopped answering; TF's own
-    heartbeat then waits 10 s longer (tf_heartbeat_after)."""
+    heartbeat then waits AFTER_THE_WATCHDOG longer (tf_heartbeat_after)."""
     if stall_timeout and "TF_CONFIG" in os.environ:
-        tf_heartbeat_after(tf, stall_timeout + TF_HEARTBEAT_TIMEOUT)
+        tf_heartbeat_after(tf, stall_timeout + AFTER_THE_WATCHDOG)
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(implementation=communication))
 
-
-TF_HEARTBEAT_TIMEOUT = 10.0  # s: TF's default (coordination_service.cc)
 
 
 def tf_heartbeat_after(tf, seconds):

@@ -8,6 +8,7 @@ from ringtrain.workloads.checkpoints import check_resume_path
 from ringtrain.common import parsing
 from ringtrain.common.errors import UsageError
 from ringtrain.common.parsing import non_negative_float, non_negative_int, positive_float, positive_int
+from ringtrain.workloads.stall import AFTER_THE_WATCHDOG
 
 
 DEFAULT_MODEL = "mnist_cnn"
@@ -197,7 +198,8 @@ def add_run_flags(r, summary_json=True):
     r.add_argument("--stall-timeout", type=non_negative_float, default=120.0, metavar="S",
                    help="a worker that finishes no training step for S seconds is named: the job ends "
                         "where training waits for it, and goes on without it where it can; 0 disables "
-                        "(default %(default)g). TF collective mode gives TF's own heartbeat S + 10 s")
+                        "(default %(default)g). TF's own heartbeat (TF collective mode) and Gloo's timeout (ring mode "
+                        f"across hosts under mpirun) are set to S + {AFTER_THE_WATCHDOG:g} s")
 
 
 def add_measurement_flags(m):

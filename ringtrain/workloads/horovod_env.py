@@ -4,6 +4,8 @@ import ipaddress
 import os
 import socket
 
+from ringtrain.workloads.stall import AFTER_THE_WATCHDOG
+
 # OpenMPI busy-polls while a rank waits in a collective, and Horovod's
 # background thread waits in one every cycle: on CPU ranks that share cores
 # with TF's compute, that spinning steals the compute's time.
@@ -64,12 +66,12 @@ def gloo_timeout_env(stall_timeout, environ=None):
     """Gloo's own timeout where ringtrain made Gloo the controller under mpirun: a rank
     waits in Gloo's negotiation for the slowest, and Gloo's default 30 s would end a live
     job whose chief takes longer (a checkpoint, an evaluation). A silent rank is the stall
-    watchdog's to name, so Gloo waits 10 s longer than it (a day with the watchdog off).
+    watchdog's to name, so Gloo waits AFTER_THE_WATCHDOG longer (a day with it off).
     horovodrun --gloo sets its own (--gloo-timeout-seconds)."""
     env = os.environ if environ is None else environ
     if env.get("HOROVOD_CONTROLLER") != "gloo" or env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
         return {}
-    return {"HOROVOD_GLOO_TIMEOUT_SECONDS": f"{stall_timeout + 10:.0f}" if stall_timeout else "86400"}
+    return {"HOROVOD_GLOO_TIMEOUT_SECONDS": f"{stall_timeout + AFTER_THE_WATCHDOG:.0f}" if stall_timeout else "86400"}
 
 
 def controller_in_effect(mpi_enabled, environ=None):

@@ -40,6 +40,10 @@ BEAT = 1.0          # seconds between heartbeats
 SILENT_BEATS = 5    # a peer silent this long is taken as stopped
 PING_MISSES = 2     # consecutive failed connects before a server task counts as gone
 FINISHED = -1       # a worker that is done says so, not to be taken for frozen
+# How much longer a framework's own timeout for a silent peer (TF's coordination heartbeat,
+# Gloo's) waits than --stall-timeout, so that the watchdog names the peer first: TF's own
+# default heartbeat timeout (coordination_service.cc).
+AFTER_THE_WATCHDOG = 10.0  # s
 
 
 class StallWatchdog:
