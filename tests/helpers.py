@@ -271,6 +271,13 @@ def hosts(count, host="localhost"):
     return ",".join(f"{host}:{port}" for port in free_ports(count))
 
 
+def ps_and_worker_hosts(ps=1, workers=1, host="localhost"):
+    """--ps_hosts and --worker_hosts with ports drawn in one go: two separate
+    hosts() calls may hand the same just-freed port to both jobs."""
+    ports = [f"{host}:{port}" for port in free_ports(ps + workers)]
+    return ",".join(ports[:ps]), ",".join(ports[ps:])
+
+
 def at_own_step(worker, step):
     """A PS worker's progress line at its own step `step`: `step N/T` where
     training ends at this worker's steps (async), `global step G/T (this

@@ -3,7 +3,8 @@ import socket
 
 import pytest
 
-from helpers import PS_BASELINE, TINY, assert_one_line_error as one_line_error, hosts, task_args
+from helpers import (PS_BASELINE, TINY, assert_one_line_error as one_line_error, hosts, ps_and_worker_hosts,
+                     task_args)
 
 FAST = 10  # seconds: these fail before TensorFlow is imported
 
@@ -14,7 +15,7 @@ def assert_one_line_error(cmd, expected, within=FAST):
 
 @pytest.mark.timeout(60)
 def test_task_index_out_of_range():
-    assert_one_line_error(task_args(hosts(1), hosts(2), "worker", 2), "--task_index 2 is out of range")
+    assert_one_line_error(task_args(*ps_and_worker_hosts(1, 2), "worker", 2), "--task_index 2 is out of range")
 
 
 @pytest.mark.timeout(60)
@@ -40,20 +41,20 @@ def test_busy_port():
 
 @pytest.mark.timeout(60)
 def test_unknown_job_name():
-    assert_one_line_error(task_args(hosts(1), hosts(1), "master", 0), "unknown --job_name 'master'")
+    assert_one_line_error(task_args(*ps_and_worker_hosts(1, 1), "master", 0), "unknown --job_name 'master'")
 
 
 @pytest.mark.timeout(60)
 def test_backup_workers_need_sync_and_fewer_than_workers():
-    assert_one_line_error(task_args(hosts(1), hosts(2), "worker", 0, "--sync", "--replicas-to-aggregate", "3"),
+    assert_one_line_error(task_args(*ps_and_worker_hosts(1, 2), "worker", 0, "--sync", "--replicas-to-aggregate", "3"),
                           "exceeds the 2 worker(s)")
-    assert_one_line_error(task_args(hosts(1), hosts(2), "worker", 0, "--replicas-to-aggregate", "1"),
+    assert_one_line_error(task_args(*ps_and_worker_hosts(1, 2), "worker", 0, "--replicas-to-aggregate", "1"),
                           "needs --sync")
 
 
 @pytest.mark.timeout(60)
 def test_the_classic_is_sync_spelling_is_checked():
-    assert_one_line_error(task_args(hosts(1), hosts(1), "ps", 0, "--is_sync=maybe"), "--is_sync")
+    assert_one_line_error(task_args(*ps_and_worker_hosts(1, 1), "ps", 0, "--is_sync=maybe"), "--is_sync")
 
 
 @pytest.mark.timeout(60)
@@ -64,7 +65,7 @@ def test_launch_rejects_bad_counts():
 @pytest.mark.timeout(90)
 def test_worker_gives_up_when_its_ps_never_comes_up():
     # The PS address is free and nobody starts a PS there: the worker must say so.
-    cmd = task_args(hosts(1), hosts(1), "worker", 0, *TINY, "--steps", "5", "--startup-timeout", "3")
+    cmd = task_args(*ps_and_worker_hosts(1, 1), "worker", 0, *TINY, "--steps", "5", "--startup-timeout", "3")
     assert_one_line_error(cmd, "did not come up within 3s", within=45)
 
 

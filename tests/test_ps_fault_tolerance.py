@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from helpers import (PS_BASELINE, TINY, Tasks, at_own_step, checkpoint_step, descendant, hosts, last_json, ps_task,
-                     task_args)
+from helpers import (PS_BASELINE, TINY, Tasks, at_own_step, checkpoint_step, descendant, last_json, ps_and_worker_hosts,
+                     ps_task, task_args)
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def resumed_at(log):
 @pytest.mark.timeout(150)
 def test_dead_ps_stops_workers_with_one_line_and_the_cluster_resumes_from_its_checkpoint(tmp_path):
     steps, ckpt = 300, str(tmp_path / "ckpt")  # (slow steps, so the PS still serves when it is killed)
-    ps, workers = hosts(1), hosts(2)
+    ps, workers = ps_and_worker_hosts(1, 2)
     worker = lambda i: task_args(ps, workers, "worker", i, *TINY, "--simulate-gpu", "30", "--steps", str(steps),
                                  "--checkpoint-every", "40", "--checkpoint-dir", ckpt)
     with Tasks(str(tmp_path)) as tasks:

@@ -4,7 +4,7 @@ checkpoint."""
 import pytest
 
 from helpers import (PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch,
-                     checkpoint_step, hosts, last_json, ok, run, run_ok, task_args)
+                     checkpoint_step, last_json, ok, run, run_ok, ps_and_worker_hosts, task_args)
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def test_async_training_completes_and_learns():
 
 @pytest.mark.timeout(300)
 def test_restarted_chief_resumes_from_the_last_checkpoint(tmp_path):
-    ps, workers = hosts(1), hosts(1)
+    ps, workers = ps_and_worker_hosts(1, 1)
     ckpt = str(tmp_path / "ckpt")
     chief = task_args(ps, workers, "worker", 0, *TINY, "--steps", "800", "--log-every", "50",
                       "--checkpoint-every", "100", "--checkpoint-dir", ckpt)

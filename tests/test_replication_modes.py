@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
-from helpers import (PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch, hosts,
-                     json_in, last_json, run_ok, task_args)
+from helpers import (PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch, json_in,
+                     last_json, ps_and_worker_hosts, run_ok, task_args)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 IN_GRAPH = ["--replication", "in-graph"]
@@ -55,7 +55,7 @@ def seed_cluster(tasks, ps, workers, *extra):
 
 
 def test_the_classic_per_terminal_commands_run_in_graph_replication(tmp_path):
-    ps, workers = hosts(1), hosts(2)
+    ps, workers = ps_and_worker_hosts(1, 2)
     with Tasks(str(tmp_path)) as tasks:
         seed_cluster(tasks, ps, workers, "--steps", "20")
         for name in ("worker0", "worker1", "ps0"):
@@ -74,7 +74,7 @@ def one_error_line(log):
 
 
 def test_a_dead_in_graph_client_stops_every_task_with_one_line(tmp_path):
-    ps, workers = hosts(1), hosts(2)
+    ps, workers = ps_and_worker_hosts(1, 2)
     with Tasks(str(tmp_path)) as tasks:
         seed_cluster(tasks, ps, workers, "--steps", "100000")
         tasks.wait_for_text("worker0", "step 20/", timeout=90)
@@ -86,7 +86,7 @@ def test_a_dead_in_graph_client_stops_every_task_with_one_line(tmp_path):
 
 
 def test_a_dead_tower_worker_stops_the_client_with_one_line_naming_it(tmp_path):
-    ps, workers = hosts(1), hosts(2)
+    ps, workers = ps_and_worker_hosts(1, 2)
     with Tasks(str(tmp_path)) as tasks:
         seed_cluster(tasks, ps, workers, "--steps", "100000")
         tasks.wait_for_text("worker0", "step 20/", timeout=90)
@@ -98,7 +98,7 @@ def test_a_dead_tower_worker_stops_the_client_with_one_line_naming_it(tmp_path):
 
 def test_in_graph_refuses_what_it_cannot_do_in_one_line():
     from helpers import assert_one_line_error
-    ps, workers = hosts(1), hosts(2)
+    ps, workers = ps_and_worker_hosts(1, 2)
     assert_one_line_error(task_args(ps, workers, "worker", 0, *IN_GRAPH, "--api", "tf2"), "drop --api tf2")
     assert_one_line_error(task_args(ps, workers, "worker", 0, *IN_GRAPH, "--sync", "--replicas-to-aggregate",
                                     "1"), "--replicas-to-aggregate is for between-graph")

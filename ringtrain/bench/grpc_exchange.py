@@ -95,8 +95,11 @@ def main(argv=None):
         serve(json.loads(args.serve), args.threads)
         return 0
     here = "localhost" if args.ps_host == "localhost" else socket.gethostname()
-    cluster = {"ps": [f"{args.ps_host}:{procs.free_ports_on(args.ps_host, 1)[0]}"],
-               "worker": [f"{here}:{free_ports(1, host='')[0]}"]}
+    if here == "localhost":  # one draw: two could hand both tasks the same just-freed port
+        ps_port, worker_port = free_ports(2, host="")
+    else:
+        ps_port, worker_port = procs.free_ports_on(args.ps_host, 1)[0], free_ports(1, host="")[0]
+    cluster = {"ps": [f"{args.ps_host}:{ps_port}"], "worker": [f"{here}:{worker_port}"]}
     ps = procs.Process([sys.executable, "-m", "ringtrain.bench.grpc_exchange", "--serve", json.dumps(cluster),
                         "--threads", str(args.threads), "--sizes", "0", "--out", os.devnull],
                        host=args.ps_host, cwd=os.getcwd())
