@@ -166,9 +166,23 @@ def connect(tf, communication="RING", stall_timeout=0.0):
     heartbeat then waits AFTER_THE_WATCHDOG longer (tf_heartbeat_after)."""
     if stall_timeout and "TF_CONFIG" in os.environ:
         tf_heartbeat_after(tf, stall_timeout + AFTER_THE_WATCHDOG)
+    ring_in_subdivisions()
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(implementation=communication))
 
+
+def ring_in_subdivisions():
+    """TF's ring as its runtime would cut it: each worker's share of a pack in
+    up to 2 subdivisions of at most 4 MiB, in flight at once (ring_alg.cc), so
+    that one crosses the link while the other is reduced. TF's Python API
+    asks for none (max_subdivs_per_device=-1): each share then moves whole,
+    one gRPC pull, and the link idles while it is reduced. The same sums,
+    in other pieces. (TF's private API: tests/test_private_apis.py.)"""
+    import functools
+
+    from tensorflow.python.ops import collective_ops
+    made_by_tf = getattr(collective_ops.all_reduce_v2, "func", collective_ops.all_reduce_v2)
+    collective_ops.all_reduce_v2 = functools.partial(made_by_tf, max_subdivs_per_device=0)
 
 
 def tf_heartbeat_after(tf, seconds):

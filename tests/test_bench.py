@@ -488,7 +488,8 @@ def test_tiny_allreduce_bench_reports_every_implementation_and_the_users_expecta
     # bytecode written (as over ssh), for what AutoGraph leaves there
     temp = tmp_path / "tmp"
     temp.mkdir()
-    done = run(BENCH + ["allreduce", "--np", "2", "--sizes", "4K,64K", "--trials", "2", "--out", "r",
+    # 16M: TF's ring cuts each worker's 8 MiB share into 2 subdivisions (collective.ring_in_subdivisions)
+    done = run(BENCH + ["allreduce", "--np", "2", "--sizes", "4K,64K,16M", "--trials", "2", "--out", "r",
                         "--expect", holds, "--expect", broken], timeout=220, cwd=str(tmp_path),
                env=child_env({"TMPDIR": str(temp), "PYTHONDONTWRITEBYTECODE": ""}))
     assert generated_code(temp) == [], "each worker removes what AutoGraph wrote, its bytecode too"

@@ -55,3 +55,25 @@ def test_the_strategy_keeps_the_coordination_service_configured_before_it(tmp_pa
                env=dict(os.environ, TF_CONFIG=json.dumps(config), TMPDIR=str(tmp_path)))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-2:] == ["1", "40000"], done.stdout
+
+
+def test_tfs_ring_is_cut_into_the_subdivisions_its_runtime_would_make():
+    """TF collective mode turns on the subdivisions TF's Python API turns off
+    (collective.ring_in_subdivisions): every CollectiveReduceV2 the strategy's
+    launcher makes must carry max_subdivs_per_device=0, TF's runtime default."""
+    import inspect
+
+    from ringtrain.collective import ring_in_subdivisions
+    from ringtrain.workloads.tfenv import import_tensorflow_quietly
+    from tensorflow.python.distribute.cross_device_utils import CollectiveReplicaLauncher
+    from tensorflow.python.ops import collective_ops
+    tf = import_tensorflow_quietly()
+    launch = inspect.getsource(CollectiveReplicaLauncher.all_reduce)
+    assert "collective_ops.all_reduce_v2(" in launch and "max_subdivs_per_device" not in launch, \
+        "TF's strategy no longer makes its all-reduce through collective_ops.all_reduce_v2 as it did"
+    ring_in_subdivisions()
+    ring_in_subdivisions()  # twice, as a second strategy in one process would
+    reduce = tf.function(lambda x: collective_ops.all_reduce_v2(x, 2, 1, 1)).get_concrete_function(
+        tf.TensorSpec([4], tf.float32))
+    [op] = [op for op in reduce.graph.get_operations() if op.type == "CollectiveReduceV2"]
+    assert op.get_attr("max_subdivs_per_device") == 0

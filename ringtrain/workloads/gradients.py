@@ -11,8 +11,8 @@ def all_finite(tf, grads):
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(g))) for g in grads if g is not None])
 
 
-# TF collective mode's buckets (--bucket-mb), measured: docs/results/2026-11-25-fastest-ring.md
-DEFAULT_BUCKET_MB = 4.0
+# TF collective mode's buckets (--bucket-mb), measured: docs/results/2026-12-02-tf-ring-subdivisions.md
+DEFAULT_BUCKET_MB = 16.0
 # Ring mode's (--bucket-mb under Horovod), measured: docs/results/2026-11-29-ring-buckets.md
 DEFAULT_RING_BUCKET_MB = 0.5
 
