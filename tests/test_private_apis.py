@@ -57,7 +57,7 @@ def test_the_strategy_keeps_the_coordination_service_configured_before_it(tmp_pa
     assert done.stdout.split()[-2:] == ["1", "40000"], done.stdout
 
 
-def test_tfs_ring_is_cut_into_the_subdivisions_its_runtime_would_make():
+def test_tfs_ring_is_cut_into_the_subdivisions_its_runtime_would_make(monkeypatch):
     """TF collective mode turns on the subdivisions TF's Python API turns off
     (collective.ring_in_subdivisions): every CollectiveReduceV2 the strategy's
     launcher makes must carry max_subdivs_per_device=0, TF's runtime default."""
@@ -71,6 +71,7 @@ def test_tfs_ring_is_cut_into_the_subdivisions_its_runtime_would_make():
     launch = inspect.getsource(CollectiveReplicaLauncher.all_reduce)
     assert "collective_ops.all_reduce_v2(" in launch and "max_subdivs_per_device" not in launch, \
         "TF's strategy no longer makes its all-reduce through collective_ops.all_reduce_v2 as it did"
+    monkeypatch.setattr(collective_ops, "all_reduce_v2", collective_ops.all_reduce_v2)  # TF's own, afterwards
     ring_in_subdivisions()
     ring_in_subdivisions()  # twice, as a second strategy in one process would
     reduce = tf.function(lambda x: collective_ops.all_reduce_v2(x, 2, 1, 1)).get_concrete_function(
