@@ -46,17 +46,24 @@ def in_horovod(run):
                 # wait on ranks still training, so the launcher ends those)
                 hvd.shutdown()
             raise
-        # A peer died mid-collective: what the launcher says next names it; say it in one line here.
-        # Unless the launcher is already ending this rank (mpirun wakes a frozen rank with SIGCONT,
-        # then SIGTERM, and under Gloo it sees its peers gone at once): whoever named it has said so.
+        # A peer died mid-collective. Under Gloo this rank sees it at once, before the launcher
+        # or scheduler that names the peer has ended the job (mpirun, when a rank exits or when
+        # it wakes a frozen one with SIGCONT, then SIGTERM; SLURM, once it finds a node dead):
+        # this rank waits for that end, quietly, and says it in one line only if none comes.
+        ended_by_launcher = PREEMPTION.wait(LAUNCHER_GRACE)
         rank = launched_rank()
         raise TrainingStopped(f"{'rank ' + str(rank) + ': ' if rank is not None else ''}a collective failed: "
                               f"another rank, or its host, is gone ({gone}); the job ends: "
                               "resume with --resume from the last checkpoint, or run with --elastic",
-                              quiet=PREEMPTION.requested) from None
+                              quiet=ended_by_launcher) from None
     hvd.shutdown()
     return exit_now(code)
 
+
+# How long a rank whose peer is gone waits for its launcher to end the job (and name the
+# peer) before saying so itself: SLURM finds a dead node after SlurmdTimeout (10 s in
+# ringtrain's clusters, more on many real ones); mpirun ends the others within a second.
+LAUNCHER_GRACE = 30.0
 
 # What Gloo's TCP transport says when a peer's sockets close or go silent mid-collective
 # ("[.../gloo/transport/tcp/pair.cc:598] Connection closed by peer [198.18.0.1]:20897").

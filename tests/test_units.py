@@ -302,3 +302,24 @@ def test_a_collective_whose_peer_is_gone_is_told_from_any_other_error():
     assert peer_gone("Horovod has been shut down. This was caused by an exception on one of the ranks") == \
         "Horovod has been shut down"
     assert peer_gone("Incompatible shapes: [64,10] vs. [32,10]") is None
+
+
+def test_a_rank_waits_for_its_launchers_stop_signal_and_no_longer():
+    import os
+    import signal
+    import time
+
+    from ringtrain.workloads.preemption import Preemption
+    waiting = Preemption()
+    started = time.monotonic()
+    assert waiting.wait(0.3) is False and 0.3 <= time.monotonic() - started < 2
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    try:
+        waiting.install("test")
+        waiting.defer()  # training: a signal is recorded, not acted on
+        os.kill(os.getpid(), signal.SIGUSR1)
+        started = time.monotonic()
+        assert waiting.wait(30) is True and time.monotonic() - started < 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

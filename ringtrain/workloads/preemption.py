@@ -55,6 +55,13 @@ class Preemption:
     def requested(self):
         return self.signal is not None
 
+    def wait(self, seconds):
+        """Whether a signal came within `seconds` (at once if one came before)."""
+        deadline = time.monotonic() + seconds
+        while not self.requested and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.requested
+
     def _handle(self, signum, frame):
         if self.signal is not None:
             return  # (a second signal, during the stop: the save must complete)
