@@ -7,7 +7,7 @@ from ringtrain import modes
 from ringtrain.common import parsing
 from ringtrain.workloads import config, flags
 from ringtrain.common.errors import UsageError, launched_size, run_cli
-from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB, DEFAULT_RING_BUCKET_MB
+from ringtrain.workloads.gradients import DEFAULT_BUCKET_MB, DEFAULT_RING_BUCKET_MB, LAST_BUCKET_MB
 from ringtrain.workloads.horovod_env import CPU_OPERATIONS, HOROVOD_LOOPS, MPI_ALLREDUCE_ALGORITHMS
 
 COMMUNICATIONS = ("RING", "AUTO", "NCCL")  # tf.distribute.experimental.CommunicationImplementation
@@ -56,9 +56,10 @@ def parser():
                    help="all-reduce the gradients in buckets of about MB, last layers first, each as soon as "
                         "backprop has made its gradients. Horovod: small gradients grouped (hvd.grouped_allreduce), "
                         f"one of MB or more alone (default {DEFAULT_RING_BUCKET_MB:g}; 0: each alone, Horovod fusing "
-                        "what is ready in one cycle). TF's collective mode: CommunicationOptions.bytes_per_pack "
-                        f"(default {DEFAULT_BUCKET_MB:g}; 0: one packed all-reduce once backprop is done, TF's own "
-                        "default, a few percent faster for a small model whose workers share one host)")
+                        f"what is ready in one cycle). TF's collective mode (default {DEFAULT_BUCKET_MB:g}): grouped as "
+                        f"CommunicationOptions.bytes_per_pack groups them, the first layers' (at most "
+                        f"{LAST_BUCKET_MB:g} MB) last and alone; 0: one packed all-reduce once backprop is done, TF's "
+                        "own default")
     add_collective_flags(p)
     add_horovod_flags(p)
     return p

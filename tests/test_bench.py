@@ -12,7 +12,7 @@ from ringtrain.bench import expectations, scaling_report, stats, tables
 from ringtrain.bench.launch import child_env
 from ringtrain.bench.scaling_rows import build
 from helpers import BENCH, REPO, assert_one_line_error, generated_code, run, run_bench
-from ringtrain.workloads.gradients import ring_buckets
+from ringtrain.workloads.gradients import ring_buckets, tf_buckets
 
 
 
@@ -279,15 +279,21 @@ def test_the_allreduces_follow_backprop_and_only_what_outlasts_it_shows():
     assert got == {"exchange": pytest.approx(1.8), "exposed": pytest.approx(1 / 3 + 1.8 - 1.0), "allreduces": 2}
     # with backward = 0 (one packed all-reduce after backprop) nothing hides
     assert stats.ring_step_seconds(1.5, 0.0, [300], one_byte_a_ms) == pytest.approx(1.8)
-    # TF's buckets, last layers first, a new one once the last holds more than the bucket size; 0: one
-    # all-reduce once backprop ends. 100 bytes: each layer's own, sent at 1/3, 2/3 and 1 s: 0.3 s shows.
-    # 400 bytes: [300, 300] ready at 2/3 s, sent by 1.267 s, then [300]: 0.567 s shows
-    got = stats.bucketed_exchange(1.0, [300, 300, 300], 0, one_byte_a_ms)
-    assert got == {"exchange": pytest.approx(0.9), "exposed": pytest.approx(0.9), "allreduces": 1}
-    got = stats.bucketed_exchange(1.0, [300, 300, 300], 100, one_byte_a_ms)
-    assert got == {"exchange": pytest.approx(0.9), "exposed": pytest.approx(0.3), "allreduces": 3}
-    got = stats.bucketed_exchange(1.0, [300, 300, 300], 400, one_byte_a_ms)
-    assert got == {"exchange": pytest.approx(0.9), "exposed": pytest.approx(2 / 3 + 0.9 - 1.0), "allreduces": 2}
+    # TF's buckets, last layers first, a new one once the last holds more than the bucket size, the first
+    # layers' up to a quarter of it in a last bucket of their own; 0: one all-reduce once backprop ends.
+    # 100 bytes: each layer's own, sent at 1/3, 2/3 and 1 s: 0.3 s shows. 400 bytes: [300, 300] ready at
+    # 2/3 s, sent by 1.267 s, then [300]: 0.567 s shows. Gradients that fit one bucket stay in one
+    assert tf_buckets([300, 300, 300], 0) == [[2, 1, 0]]
+    assert tf_buckets([300, 300, 300], 400) == [[2, 1], [0]]
+    assert tf_buckets([300, 300, 300], 900, last_bytes=300) == [[2, 1, 0]]
+    assert tf_buckets([50, 50, 300, 300, 400], 600, last_bytes=100) == [[4, 3], [2], [1, 0]]
+    assert tf_buckets([50, 50, 300, 300, 400], 600, last_bytes=0) == [[4, 3], [2, 1, 0]]
+    mb = 2**20  # by default the first layers' 1 MB at most, alone
+    assert tf_buckets([mb // 2, mb // 2, mb, 8 * mb, 12 * mb], 16 * mb) == [[4, 3], [2], [1, 0]]
+    for bucket, shows in [(0, 0.9), (100, 0.3), (400, 2 / 3 + 0.9 - 1.0)]:
+        got = stats.exchange_in_buckets(1.0, [300, 300, 300], tf_buckets([300, 300, 300], bucket), one_byte_a_ms)
+        assert got == {"exchange": pytest.approx(0.9), "exposed": pytest.approx(shows),
+                       "allreduces": {0: 1, 100: 3, 400: 2}[bucket]}
     # ring mode's buckets, in order: [300] alone (>= 250), then [100, 200] together once backprop has made
     # the first layer's (1 s): 0.3 + 0.3 s of allreduce, the second from 1 s, so 0.3 s shows
     buckets = ring_buckets([100, 200, 300], 250)

@@ -11,13 +11,15 @@ default) and once in several buckets (mnist_mlp's 2.6 MB in 0.25 MB ones);
 ring mode in its default buckets (its small gradients in one grouped
 allreduce, its two large kernels alone) and once each gradient alone
 (--bucket-mb 0, under horovodrun across hosts): all equal the one process,
-so the buckets change no weight."""
+so the buckets change no weight. TF's exchange with the first layers'
+gradients in a last bucket of their own is checked sum by sum on 2 ranks."""
 import json
 import os
 
 import pytest
 
-from helpers import BIN, ENV, ONE_THREAD, Tasks, assert_same_weights, horovodrun, mpirun, run_ok, weights
+from helpers import (BIN, ENV, ONE_THREAD, Tasks, assert_every_check_ok, assert_same_weights, horovodrun, mpirun,
+                     on_two_ranks, run_ok, weights)
 from ringtrain.multihost.net import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -100,3 +102,11 @@ def test_across_hosts_too(cluster, launcher, tmp_path, one_process_on_the_global
         assert (said["allreduce_algorithm"], said["controller"]) == CARRIED[launcher]
     assert_same_weights(weights(dump, 0), weights(dump, 1), exact=True)
     assert_same_weights(weights(dump, 0), one_process_on_the_global_batch)
+
+
+def test_tf_collective_buckets_sum_every_gradient_the_first_layers_last_and_alone():
+    """TF collective mode's exchange on 2 ranks (tests/scripts/tf_exchange.py): the
+    mnist_mlp runs above never make a last bucket of the first layers' alone (their
+    first layer is their largest)."""
+    assert_every_check_ok(on_two_ranks("tf_exchange.py"), ["one-pack", "buckets-first-layers-last",
+                                                         "fits-one-bucket"])

@@ -11,6 +11,7 @@ import os
 
 from ringtrain.bench import stats, tables
 from ringtrain.common.errors import UsageError
+from ringtrain.workloads.gradients import LAST_BUCKET_MB, tf_buckets
 
 ASSUMPTIONS = (
     "Weak scaling: every GPU keeps its batch. Efficiency is one GPU's step time over the projected step time.",
@@ -26,8 +27,9 @@ ASSUMPTIONS = (
     "makes last is sent after it ends. Horovod's cycle time, fusion threshold and negotiation are not counted.",
     "TF's collective ring (MultiWorkerMirroredStrategy, ringtrain --backend tf-collective): a flat ring through "
     "all N GPUs on the same links as Horovod's (TF's own transport, slower than OpenMPI's on the bench's "
-    "runs, is not counted), with the gradients, last layers first, in buckets of at least --bucket-mb: a "
-    "bucket's all-reduce starts once backprop has made its last gradient and the bucket before it is done.",
+    "runs, is not counted), with the gradients, last layers first, in buckets of at least --bucket-mb, and "
+    f"where they fill more than one, the first layers', up to {LAST_BUCKET_MB:g} MB, in a last bucket of their "
+    "own: a bucket's all-reduce starts once backprop has made its last gradient and the bucket before it is done.",
     "PS: P tasks spread over the workers' hosts in turn. They hold the model's variables as ps-baseline "
     "places them (--placement: greedy or round_robin place whole variables, so the largest one sets a floor; "
     "partitioned gives every task an even share). Every step, "
@@ -109,7 +111,8 @@ def project(cfg):
             rows.append(dict(row(base, "ring", None, compute + ring["exposed"], ring["exchange"], compute,
                                  cfg["batch_size"], n), allreduces=ring["allreduces"]))
             flat = ring_allreduce(n, cfg["gpus_per_host"], link["ring"], cfg["intra"], hierarchical=False)
-            tf = stats.bucketed_exchange(backward, cfg["layer_bytes"], cfg.get("bucket_mb", 0) * 2**20, flat)
+            buckets = tf_buckets(cfg["layer_bytes"], cfg.get("bucket_mb", 0) * 2**20)
+            tf = stats.exchange_in_buckets(backward, cfg["layer_bytes"], buckets, flat)
             rows.append(dict(row(base, "tf-collective", None, compute + tf["exposed"], tf["exchange"], compute,
                                  cfg["batch_size"], n), allreduces=tf["allreduces"]))
             for p in ps_counts(n):

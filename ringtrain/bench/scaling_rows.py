@@ -8,7 +8,7 @@ emulated cluster."""
 from ringtrain.bench import bench_modes, stats
 from ringtrain.bench.environment import describe, usable_cores
 from ringtrain.workloads.horovod_env import GLOO_RING
-from ringtrain.workloads.gradients import ring_buckets
+from ringtrain.workloads.gradients import ring_buckets, tf_buckets
 from ringtrain.workloads.numbers import mean, median
 
 
@@ -210,11 +210,12 @@ def predicted_step_seconds(mode, summary, compute, fit, ps_fit, site, cfg):
         layers = [b * nbytes / sum(layers) for b in layers]
         bucket = (summary.get("bucket_mb") or 0) * 2**20
         if bench_modes.exchange(mode) == "tf":  # TF's buckets in order (a run before them: one, after backprop)
-            return compute + stats.bucketed_exchange(backward, layers, bucket, allreduce)["exposed"]
-        if bucket:  # ring mode's buckets (a run before them, or --bucket-mb 0: Horovod's fusion alone)
+            buckets = tf_buckets(layers, bucket)
+        elif bucket:  # ring mode's buckets (a run before them, or --bucket-mb 0: Horovod's fusion alone)
             buckets = ring_buckets(layers, bucket)
-            return compute + stats.exchange_in_buckets(backward, layers, buckets, allreduce)["exposed"]
-        return stats.ring_step_seconds(compute, backward, layers, allreduce)
+        else:
+            return stats.ring_step_seconds(compute, backward, layers, allreduce)
+        return compute + stats.exchange_in_buckets(backward, layers, buckets, allreduce)["exposed"]
     if bench_modes.exchange(mode) == "ps" and ps_fit and summary.get("ps_bytes"):
         workers, ps = endpoints(mode, summary, site["across_hosts"])
         # (in-graph: the towers' reads and the client's update, as one sync step; its feeds are not modelled)

@@ -55,7 +55,7 @@ def ring_step_seconds(compute, backward, layer_bytes, allreduce_seconds):
     backprop has made them (backprop_exchange), so only what outlasts the
     backward pass adds to the compute. `layer_bytes`: each layer's gradient
     bytes in forward order; `allreduce_seconds(nbytes)`: one allreduce. (TF's
-    collective mode: bucketed_exchange.)"""
+    collective mode: exchange_in_buckets.)"""
     return compute + backprop_exchange(backward, layer_bytes, allreduce_seconds)["exposed"]
 
 
@@ -81,25 +81,12 @@ def backprop_exchange(backward, layer_bytes, allreduce_seconds):
     return {"exchange": busy, "exposed": max(0.0, free - backward), "allreduces": count}
 
 
-def bucketed_exchange(backward, layer_bytes, bucket_bytes, allreduce_seconds):
-    """TF collective mode's exchange (--bucket-mb): the gradients, last layers
-    first, grouped into buckets of at least `bucket_bytes` as TF groups them
-    (0: one bucket). Layers as in backprop_exchange; returns the same fields."""
-    buckets, filled = [], None  # [[layer index, ...]], last layers first
-    for k in reversed(range(len(layer_bytes))):
-        if not buckets or (bucket_bytes and filled > bucket_bytes):
-            buckets.append([])
-            filled = 0.0
-        buckets[-1].append(k)
-        filled += layer_bytes[k]
-    return exchange_in_buckets(backward, layer_bytes, buckets, allreduce_seconds)
-
-
 def exchange_in_buckets(backward, layer_bytes, buckets, allreduce_seconds):
     """An exchange in buckets (lists of layer indices): a bucket's all-reduce
     starts once backprop has made its last gradient and the bucket ready
     before it is done (one at a time, in the order they become ready). Ring
-    mode's buckets: workloads.gradients.ring_buckets. Layers as in
+    mode's buckets: workloads.gradients.ring_buckets; TF collective mode's:
+    tf_buckets. Layers as in
     backprop_exchange; returns the same fields."""
     n = len(layer_bytes)
     ready = lambda bucket: max(backward * (n - k) / n for k in bucket)  # (backprop: layer k of n, last to first)

@@ -13,6 +13,9 @@ def all_finite(tf, grads):
 
 # TF collective mode's buckets (--bucket-mb), measured: docs/results/2026-12-02-tf-ring-subdivisions.md
 DEFAULT_BUCKET_MB = 16.0
+# TF collective mode's last bucket, the first layers' gradients (tf_buckets), at most this;
+# measured: docs/results/2026-12-02-tf-last-bucket-and-one-machine.md
+LAST_BUCKET_MB = 1.0
 # Ring mode's (--bucket-mb under Horovod), measured: docs/results/2026-11-29-ring-buckets.md
 DEFAULT_RING_BUCKET_MB = 0.5
 
@@ -39,17 +42,45 @@ def ring_buckets(sizes, bucket_bytes):
     return buckets
 
 
+def tf_buckets(sizes, bucket_bytes, last_bytes=None):
+    """TF collective mode's buckets: lists of indices into `sizes` (each
+    gradient's bytes, in the model's order), last layers first, grouped as TF
+    groups a pack (CommunicationOptions.bytes_per_pack): a new bucket once the
+    last holds more than `bucket_bytes`. Where they fill more than one, the
+    first layers' gradients, at most `last_bytes` of them (LAST_BUCKET_MB, or
+    a bucket if less, unless given), are the last bucket, alone: backprop
+    makes them last, so theirs is the all-reduce left when it ends. 0, or
+    gradients that fit one bucket: one bucket (mnist_cnn's 4.8 MB with its
+    first layers' apart ran no faster across hosts, and 2-3 % slower on one)."""
+    if not bucket_bytes or sum(sizes) <= bucket_bytes:
+        return [list(reversed(range(len(sizes))))] if sizes else []
+    last_bytes = min(bucket_bytes, LAST_BUCKET_MB * 2**20) if last_bytes is None else last_bytes
+    first, held = 0, 0
+    while first < len(sizes) and held + sizes[first] <= last_bytes:
+        first, held = first + 1, held + sizes[first]
+    buckets, filled = [], 0
+    for i in reversed(range(first, len(sizes))):
+        if not buckets or filled > bucket_bytes:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(i)
+        filled += sizes[i]
+    return buckets + ([list(reversed(range(first)))] if first else [])
+
+
 def all_reduce_in_buckets(tf, grads, bucket_bytes):
-    """The SUM of every worker's `grads`, all-reduced in buckets of about
-    `bucket_bytes` (0: one bucket), last layers first, by TF's own collective
-    packing (CommunicationOptions.bytes_per_pack): each bucket's all-reduce
-    starts once backprop has made its gradients, while backprop goes on to the
-    earlier layers, as Horovod's fusion and PyTorch DDP's buckets do. The
-    collectives keep the order they are made in on every worker (TF's ordering
-    token). In a strategy's replica context; None gradients stay None."""
+    """The SUM of every worker's `grads`, all-reduced in tf_buckets (0: one),
+    each bucket one packed all-reduce of TF's own, started once backprop has
+    made its gradients while backprop goes on to the earlier layers, as
+    Horovod's fusion and PyTorch DDP's buckets do. The collectives keep the
+    order they are made in on every worker (TF's ordering token). In a
+    strategy's replica context; None gradients stay None."""
     present = [g for g in grads if g is not None]
-    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=int(bucket_bytes))
-    summed = iter(tf.distribute.get_replica_context().all_reduce("SUM", present, options=options) if present else [])
+    context, summed = tf.distribute.get_replica_context(), [None] * len(present)
+    for bucket in tf_buckets([g.shape.num_elements() * g.dtype.size for g in present], bucket_bytes):
+        for i, total in zip(bucket, context.all_reduce("SUM", [present[i] for i in bucket])):
+            summed[i] = total
+    summed = iter(summed)
     return [None if g is None else next(summed) for g in grads]
 
 
