@@ -57,9 +57,9 @@ def parser():
                         "backprop has made its gradients. Horovod: small gradients grouped (hvd.grouped_allreduce), "
                         f"one of MB or more alone (default {DEFAULT_RING_BUCKET_MB:g}; 0: each alone, Horovod fusing "
                         f"what is ready in one cycle). TF's collective mode (default {DEFAULT_BUCKET_MB:g}): grouped as "
-                        f"CommunicationOptions.bytes_per_pack groups them, the first layers' (at most "
-                        f"{LAST_BUCKET_MB:g} MB) last and alone; 0: one packed all-reduce once backprop is done, TF's "
-                        "own default")
+                        f"CommunicationOptions.bytes_per_pack groups them, and where they fill more than one, the "
+                        f"first layers' (at most {LAST_BUCKET_MB:g} MB) last and alone; 0: one packed all-reduce once "
+                        "backprop is done, TF's own default")
     add_collective_flags(p)
     add_horovod_flags(p)
     return p

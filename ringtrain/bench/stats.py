@@ -86,8 +86,7 @@ def exchange_in_buckets(backward, layer_bytes, buckets, allreduce_seconds):
     starts once backprop has made its last gradient and the bucket ready
     before it is done (one at a time, in the order they become ready). Ring
     mode's buckets: workloads.gradients.ring_buckets; TF collective mode's:
-    tf_buckets. Layers as in
-    backprop_exchange; returns the same fields."""
+    tf_buckets. Layers as in backprop_exchange; returns the same fields."""
     n = len(layer_bytes)
     ready = lambda bucket: max(backward * (n - k) / n for k in bucket)  # (backprop: layer k of n, last to first)
     free, busy = 0.0, 0.0
