@@ -280,7 +280,8 @@ def test_the_allreduces_follow_backprop_and_only_what_outlasts_it_shows():
     # with backward = 0 (one packed all-reduce after backprop) nothing hides
     assert stats.ring_step_seconds(1.5, 0.0, [300], one_byte_a_ms) == pytest.approx(1.8)
     # TF's buckets, last layers first, a new one once the last holds more than the bucket size, the first
-    # layers' up to a quarter of it in a last bucket of their own; 0: one all-reduce once backprop ends.
+    # layers' (up to last_bytes: 1 MB, or a bucket if less) in a last bucket of their own; 0: one
+    # all-reduce once backprop ends.
     # 100 bytes: each layer's own, sent at 1/3, 2/3 and 1 s: 0.3 s shows. 400 bytes: [300, 300] ready at
     # 2/3 s, sent by 1.267 s, then [300]: 0.567 s shows. Gradients that fit one bucket stay in one
     assert tf_buckets([300, 300, 300], 0) == [[2, 1, 0]]
