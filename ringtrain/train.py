@@ -14,7 +14,7 @@ from ringtrain import knobs
 from ringtrain.common.errors import Preempted, TrainingStopped, exit_now, launched_rank
 from ringtrain.synchronous import SynchronousMode
 from ringtrain.workloads import loop
-from ringtrain.workloads.gradients import DEFAULT_RING_BUCKET_MB, ring_buckets
+from ringtrain.workloads.gradients import DEFAULT_RING_BUCKET_MB, reduce_in_buckets, ring_buckets
 from ringtrain.workloads.horovod_env import allreduce_algorithm_in_effect, controller_in_effect, horovod_loop_in_effect
 from ringtrain.workloads.mode import Agreement, Topology
 from ringtrain.workloads.preemption import PREEMPTION
@@ -258,24 +258,20 @@ class ExchangeWithVote:
         of a model's many small gradients took a Horovod round, and across hosts small messages
         of its own (docs/results/2026-11-29-ring-buckets.md)."""
         import tensorflow as tf
-        present = [g for g in grads if g is not None]
         kw = dict(op=self.op, compression=self.compression)
-        if grouped:
-            buckets = [list(range(len(present)))]
-        else:
+
+        def plan(present):
+            if grouped:
+                return [list(range(len(present)))]
             # (sparse gradients, and any of unknown size, alone: Horovod gathers the former)
             elements = [None if isinstance(g, tf.IndexedSlices) else g.shape.num_elements() for g in present]
-            sizes = [float("inf") if n is None else n * g.dtype.size for n, g in zip(elements, present)]
-            buckets = ring_buckets(sizes, self.bucket_bytes)
-        reduced = [None] * len(present)
-        for bucket in buckets:
-            tensors = [present[i] for i in bucket]
-            done = [self.hvd.allreduce(tensors[0], **kw)] if len(tensors) == 1 else \
+            return ring_buckets([float("inf") if n is None else n * g.dtype.size for n, g in zip(elements, present)],
+                                self.bucket_bytes)
+
+        def reduce(tensors):
+            return [self.hvd.allreduce(tensors[0], **kw)] if len(tensors) == 1 else \
                 self.hvd.grouped_allreduce(tensors, **kw)
-            for i, r in zip(bucket, done):
-                reduced[i] = r
-        reduced = iter(reduced)
-        return [None if g is None else next(reduced) for g in grads]
+        return reduce_in_buckets(grads, plan, reduce)
 
 
 def summed_votes(hvd, vote):

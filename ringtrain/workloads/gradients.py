@@ -68,6 +68,21 @@ def tf_buckets(sizes, bucket_bytes, last_bytes=None):
     return buckets + ([list(reversed(range(first)))] if first else [])
 
 
+def reduce_in_buckets(grads, plan, reduce):
+    """`grads` reduced bucket by bucket, in the order of the buckets, each
+    mode's plan and collective its own: `plan(present)` gives the buckets as
+    lists of indices into the gradients that exist, `reduce(tensors)` one
+    bucket's results in its order. None gradients (a variable the loss does
+    not use) stay None."""
+    present = [g for g in grads if g is not None]
+    reduced = [None] * len(present)
+    for bucket in plan(present):
+        for i, r in zip(bucket, reduce([present[i] for i in bucket])):
+            reduced[i] = r
+    reduced = iter(reduced)
+    return [None if g is None else next(reduced) for g in grads]
+
+
 def all_reduce_in_buckets(tf, grads, bucket_bytes):
     """The SUM of every worker's `grads`, all-reduced in tf_buckets (0: one),
     each bucket one packed all-reduce of TF's own, started once backprop has
@@ -75,13 +90,10 @@ def all_reduce_in_buckets(tf, grads, bucket_bytes):
     Horovod's fusion and PyTorch DDP's buckets do. The collectives keep the
     order they are made in on every worker (TF's ordering token). In a
     strategy's replica context; None gradients stay None."""
-    present = [g for g in grads if g is not None]
-    context, summed = tf.distribute.get_replica_context(), [None] * len(present)
-    for bucket in tf_buckets([g.shape.num_elements() * g.dtype.size for g in present], bucket_bytes):
-        for i, total in zip(bucket, context.all_reduce("SUM", [present[i] for i in bucket])):
-            summed[i] = total
-    summed = iter(summed)
-    return [None if g is None else next(summed) for g in grads]
+    context = tf.distribute.get_replica_context()
+    return reduce_in_buckets(
+        grads, lambda present: tf_buckets([g.shape.num_elements() * g.dtype.size for g in present], bucket_bytes),
+        lambda tensors: context.all_reduce("SUM", tensors))
 
 
 def already_summed(optimizer):
