@@ -375,6 +375,45 @@ def test_step_timer_excludes_warmup_and_records_wall_clock_windows():
     assert len(report["windows"]) == len(report["window_spans_unix"]) == 3  # 3 + 3 + a trailing 1
     assert [w[2] for w in report["window_spans_unix"]] == [192, 192, 64]
     assert all(a[1] == b[0] for a, b in zip(report["window_spans_unix"], report["window_spans_unix"][1:]))
+    # the timed steps' spread, in 100 equally likely values, whatever their number
+    assert len(report["step_time_quantiles_sec"]) == 100
+    assert report["step_time_quantiles_sec"] == sorted(report["step_time_quantiles_sec"])
+    assert min(report["step_time_quantiles_sec"]) >= 0
+
+
+def test_a_synchronous_step_waits_for_the_slowest_of_n_workers():
+    """α-β's step adds E[the slowest of N compute steps] - their mean in the synchronous modes, from the
+    independent trainers' step quantiles; async PS waits for no one, and runs without quantiles add nothing."""
+    from ringtrain.workloads.numbers import quantiles
+    assert stats.expected_slowest([0.0, 1.0], 2) == pytest.approx(0.75)  # only (0, 0) of 4 draws gives 0
+    assert stats.expected_slowest([0.0, 1.0], 2, k=1) == pytest.approx(0.25)  # the faster of two
+    assert stats.expected_slowest(list(range(1000)), 4) == pytest.approx(999 * 4 / 5, rel=2e-3)  # uniform: n/(n+1)
+    assert stats.sync_wait_seconds([0.05] * 10, 4) == pytest.approx(0.0)  # no spread, no wait
+    assert quantiles(list(range(10)), 5) == [1, 3, 5, 7, 9]
+    assert quantiles(list(range(1000))) == [10 * i + 5 for i in range(100)]
+    spread = [0.060 + 0.010 * (i % 2) for i in range(100)]  # 60 and 70 ms steps, equally likely
+    with_spread = lambda s: dict(s, step_time_quantiles_sec=[spread] * s["world_size"])
+    summaries = {("ring", 2, 0): summary("ring", 2, 950, 0.067),
+                 ("ps-sync", 2, 1): summary("ps-sync", 2, 600, 0.106, 1),
+                 ("ps-async", 2, 1): summary("ps-async", 2, 700, 0.091, 1)}
+    cfg = dict(CFG, np=[2])
+    rows = lambda independent: {r["mode"]: r for r in build(
+        {k: [v] for k, v in {**summaries, ("independent", 2, 0): independent}.items()}, cfg, FIT, PS_FIT)["rows"]}
+    plain = rows(summary("independent", 2, 990, 0.0645))
+    waits = rows(with_spread(summary("independent", 2, 990, 0.0645)))
+    assert plain["ring"]["sync_wait_ms"] is None and plain["ring"]["predicted_step_time_ms"] == pytest.approx(RING_AB_MS)
+    # E[max of 2] = 60 + 10 x 3/4 against a mean of 65: 2.5 ms
+    for mode in ("ring", "ps-sync"):
+        assert waits[mode]["sync_wait_ms"] == pytest.approx(2.5)
+        assert waits[mode]["predicted_step_time_ms"] == pytest.approx(plain[mode]["predicted_step_time_ms"] + 2.5)
+        assert waits[mode]["predicted_comm_ms"] == pytest.approx(plain[mode]["predicted_comm_ms"])
+    assert waits["ps-async"]["sync_wait_ms"] == 0.0
+    assert waits["ps-async"]["predicted_step_time_ms"] == pytest.approx(plain["ps-async"]["predicted_step_time_ms"])
+    assert "sync_wait_ms" in scaling_report.CSV_KEYS
+    found = scaling_report.markdown(build({k: [v] for k, v in {
+        **summaries, ("independent", 2, 0): with_spread(summary("independent", 2, 990, 0.0645))}.items()},
+        cfg, FIT, PS_FIT))
+    assert "waits for its slowest worker's compute: up to 2.5 ms a step" in found
 
 
 def test_independent_trainers_count_only_the_windows_where_all_ran():
@@ -385,8 +424,9 @@ def test_independent_trainers_count_only_the_windows_where_all_ran():
     second = [[t, t + 1, 80.0 if t < 110 else 100.0] for t in range(105, 115)]
     worker = lambda w: {"timed_samples": sum(x[2] for x in w), "timed_seconds": 10.0,
                         "window_images_per_sec": [[x[2] for x in w]], "step_time_sec": [0.7],
-                        "window_spans_unix": [w]}
+                        "window_spans_unix": [w], "step_time_quantiles_sec": [[0.7] * 100]}
     result = combine([worker(first), worker(second)])
+    assert result["step_time_quantiles_sec"] == [[0.7] * 100] * 2  # for α-β's wait for the slowest worker
     assert result["images_per_sec"] == pytest.approx(160.0)  # not 1800 / 10 s, nor 1800 / 15 s
     assert result["overlap_fraction"] == pytest.approx(5 / 15)
 

@@ -25,7 +25,9 @@ def combine(summaries):
     spans = [s["window_spans_unix"][0] for s in summaries]  # [[start, end, samples], ...] each
     reports = [{"samples": s["timed_samples"], "seconds": s["timed_seconds"],
                 "windows": s["window_images_per_sec"][0], "step_time_sec": s["step_time_sec"][0],
-                "window_spans_unix": w, "cpu_pct_of_core": (s.get("cpu_pct_of_core") or [None])[0]}
+                "window_spans_unix": w,
+                **{key: (s.get(key) or [None])[0] for key in ("cpu_pct_of_core", "step_time_p50_sec",
+                                                             "step_time_p99_sec", "step_time_quantiles_sec")}}
                for s, w in zip(summaries, spans)]
     result = measured_throughput(reports)
     lo, hi = max(w[0][0] for w in spans), min(w[-1][1] for w in spans)

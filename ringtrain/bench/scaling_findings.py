@@ -129,7 +129,18 @@ def alpha_beta(rows):
     else:
         out = [f"The α-β model's step times were {min(errors):+.0f} % to {max(errors):+.0f} % off the measured "
                f"ones over {len(predicted)} rows (furthest: {row_name(worst)})."]
-    return out + kernel_on_compute(rows)
+    return out + sync_wait(rows) + kernel_on_compute(rows)
+
+
+def sync_wait(rows):
+    """The synchronous modes' wait for their slowest worker, which α-β adds."""
+    waits = [r for r in rows if r.get("sync_wait_ms") and r["prediction_error_pct"] is not None]
+    if not waits:
+        return []
+    worst = max(waits, key=lambda r: r["sync_wait_ms"])
+    return [f"A synchronous step waits for its slowest worker's compute: up to {worst['sync_wait_ms']:.1f} ms a step "
+            f"({row_name(worst)}), E[the slowest of N] less the mean of the compute runs' steps, which α-β's step "
+            f"includes."]
 
 
 def kernel_on_compute(rows):

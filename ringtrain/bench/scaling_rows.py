@@ -62,19 +62,23 @@ def row(summaries, mode, n, p, runs, cfg, fits, site, cores):
     windows = [w / share for s in runs for per_worker in s.get("window_images_per_sec", []) for w in per_worker]
     window_mean, ci = stats.mean_ci95(windows)
     step = median([mean(s.get("step_time_sec")) for s in runs])
-    compute = compute_seconds(summaries, mode, n, p, not shares_cores(site))
+    base = compute_runs(summaries, mode, n, p, not shares_cores(site))
+    compute, wait = compute_seconds(base), sync_wait_seconds(mode, n, base)
     tf = bench_modes.exchange(mode) == "tf"
     horovods = rings_fit(summaries, n, fits) if tf else None
     own = (fits["tf"] or horovods) if tf else transport_fit(runs[-1].get("allreduce_algorithm"), fits["mpi"],
                                                             fits["gloo"])
-    predicted = predicted_step_seconds(mode, runs[-1], compute, own, fits["ps"], site, cfg)
-    comm = predicted - compute if predicted is not None else None
+
+    def priced(fit):  # α-β's step on a fit: the compute, what of the exchange shows, the wait for the slowest
+        step = predicted_step_seconds(mode, runs[-1], compute, fit, fits["ps"], site, cfg)
+        return None if step is None else step + (wait or 0.0)
+    predicted = priced(own)
+    comm = predicted - compute - (wait or 0.0) if predicted is not None else None
     kernel = exchange_kernel_seconds(summaries, mode, n, runs)
     on_compute = kernel / cores if kernel is not None and compute_shares_cores(site) else None
     with_kernel = predicted + on_compute if predicted is not None and on_compute is not None else None
     # (TF's exchange priced on Horovod's fit as well: the report splits TF's step into overlap and transport)
-    on_horovods_fit = predicted_step_seconds(mode, runs[-1], compute, horovods, fits["ps"], site, cfg) \
-        if tf else None
+    on_horovods_fit = priced(horovods) if tf else None
     wire = median([measured_wire_bytes(s) for s in runs]) if site["across_hosts"] else None
     theory = theory_wire_bytes(mode, runs[-1]) if site["across_hosts"] else None
     procs = 1 if mode == "towers" else n + p  # towers: one process, a pool thread per tower
@@ -89,7 +93,7 @@ def row(summaries, mode, n, p, runs, cfg, fits, site, cores):
         "per_worker_images_per_sec_mean": window_mean * k, "per_worker_images_per_sec_ci95": _scale(ci, k),
         "rounds": len(runs), "total_images_per_sec_runs": [s["images_per_sec"] * k for s in runs],
         "total_images_per_sec": median([s["images_per_sec"] for s in runs]) * k,
-        "step_time_ms": _ms(step, k), "compute_time_ms": _ms(compute, k),
+        "step_time_ms": _ms(step, k), "compute_time_ms": _ms(compute, k), "sync_wait_ms": _ms(wait, k),
         "exposed_comm_ms": _ms(step - compute, k) if step is not None and compute is not None else None,
         "predicted_comm_ms": _ms(comm, k), "predicted_step_time_ms": _ms(predicted, k),
         "predicted_step_on_horovod_fit_ms": _ms(on_horovods_fit, k),
@@ -166,20 +170,37 @@ def exchange_kernel_seconds(summaries, mode, n, runs):
     return max(0.0, this - base) if this is not None and base is not None else None
 
 
-def compute_seconds(summaries, mode, n, p, own_cores):
-    """The step without its exchange: where the workers share this machine's
-    cores (on one machine, or a simulated cluster), N independent trainers at
-    the same N, whose compute contends for the cores as the workers' does
-    (at N = 4 on 2 cores, the N = 1 step is no bound); across hosts of their
-    own, or a run without those trainers, the same mode on one host (nothing
-    on a wire)."""
+def compute_runs(summaries, mode, n, p, own_cores):
+    """The runs whose step is this row's without its exchange: where the
+    workers share this machine's cores (on one machine, or a simulated
+    cluster), N independent trainers at the same N, whose compute contends for
+    the cores as the workers' does (at N = 4 on 2 cores, the N = 1 step is no
+    bound); across hosts of their own, or a run without those trainers, the
+    same mode on one host (nothing on a wire). None for `independent`."""
     if mode == "independent":
         return None
     runs = None if own_cores else summaries.get(("independent", n, 0))
     if not runs:
         key = base_key(summaries, mode, p)
         runs = summaries.get(key) if key else None
+    return runs or None
+
+
+def compute_seconds(runs):
+    """The compute runs' step: the median over rounds of their mean step."""
     return median([mean(s.get("step_time_sec")) for s in runs]) if runs else None
+
+
+def sync_wait_seconds(mode, n, runs):
+    """A synchronous mode's wait for its slowest worker, a step, from the
+    spread of the compute runs' steps (the median over rounds; None where the
+    runs did not record it, as before 2026-12-07). Workers that never wait for
+    each other (async PS) wait nothing."""
+    if not runs or not bench_modes.synchronous(mode):
+        return None if runs is None else 0.0
+    waits = [stats.sync_wait_seconds([q for worker in s.get("step_time_quantiles_sec") or [] if worker
+                                      for q in worker], n) for s in runs]
+    return median(waits)
 
 
 def endpoints(mode, summary, across_hosts):

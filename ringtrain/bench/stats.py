@@ -17,6 +17,27 @@ def mean_ci95(samples):
     return float(xs.mean()), float(half)
 
 
+def expected_slowest(values, n, k=None):
+    """E[the k-th fastest of n independent draws] (k = n: the slowest) from
+    the distribution of `values`, each equally likely: exact, by the binomial
+    chance that k of the n draws fall at or below each value."""
+    from scipy.stats import binom
+    xs, k = sorted(values), n if k is None else k
+    m = len(xs)
+    at_or_below = [binom.sf(k - 1, n, i / m) for i in range(m + 1)]  # P(the k-th fastest <= xs[i - 1])
+    return float(sum(x * (at_or_below[i + 1] - at_or_below[i]) for i, x in enumerate(xs)))
+
+
+def sync_wait_seconds(values, n):
+    """What a synchronous step of n workers waits beyond their mean compute:
+    each step ends with its slowest worker's, E[slowest of n] - mean, the
+    compute steps' spread (`values`, equally likely) taken as independent
+    between workers and steps."""
+    if n <= 1 or not values:
+        return 0.0 if values else None
+    return expected_slowest(values, n) - sum(values) / len(values)
+
+
 def ring_allreduce_seconds(nbytes, ranks, alpha, beta):
     """Ring allreduce of nbytes over `ranks`: 2(n-1) latency-bound steps, and
     2(n-1)/n of the buffer sent and received by every rank."""

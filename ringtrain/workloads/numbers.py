@@ -22,6 +22,16 @@ def percentile(values, q):
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
+def quantiles(values, count=100):
+    """`count` equally likely values that stand for the distribution of `values`:
+    the nearest-rank percentiles at the middles of `count` equal slices (None if
+    empty). Bounded in size however many values there are."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return [ordered[min(len(ordered) - 1, int((i + 0.5) / count * len(ordered)))] for i in range(count)]
+
+
 def histogram_percentile(histogram, q):
     """Nearest-rank percentile of {value: count}; None if empty."""
     total, seen = sum(histogram.values()), 0

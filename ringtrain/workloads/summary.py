@@ -12,7 +12,7 @@ import sys
 import time
 
 from ringtrain.workloads import threadcpu
-from ringtrain.workloads.numbers import percentile
+from ringtrain.workloads.numbers import percentile, quantiles
 
 # Set by a launcher that reads a task's summary from its output: the printed
 # line then holds everything, per-window rates included.
@@ -116,6 +116,8 @@ class StepTimer:
                 "timed_steps": max(timed_steps, 0), "net_rx_bytes": net[0], "net_tx_bytes": net[1],
                 "cpu_pct_of_core": cpu, "step_time_p50_sec": percentile(self.step_seconds, 50),
                 "step_time_p99_sec": percentile(self.step_seconds, 99),
+                # (to the microsecond: 100 numbers a worker, whatever the run's length)
+                "step_time_quantiles_sec": [round(q, 6) for q in quantiles(self.step_seconds) or []] or None,
                 "updates_timed": (self._updates[1] - self._updates[0]
                                   if None not in self._updates else None)}
 
@@ -143,6 +145,8 @@ def measured_throughput(reports):
         # each worker's distribution of timed step times (a straggler's peers wait in theirs)
         "step_time_p50_sec": [r.get("step_time_p50_sec") for r in reports],
         "step_time_p99_sec": [r.get("step_time_p99_sec") for r in reports],
+        # and the whole of it, as 100 equally likely values (what a synchronous step waits for)
+        "step_time_quantiles_sec": [r.get("step_time_quantiles_sec") for r in reports],
     }
 
 
@@ -183,7 +187,7 @@ def dumps(value, **kw):
 
 # Left out of the printed line (mpirun's output forwarding splits lines near 2 KB),
 # kept in the --summary-json file.
-FILE_ONLY_FIELDS = ("window_images_per_sec", "window_spans_unix", "config")
+FILE_ONLY_FIELDS = ("window_images_per_sec", "window_spans_unix", "step_time_quantiles_sec", "config")
 
 
 def emit(summary, path=None, stream=None):
