@@ -70,8 +70,8 @@ def row(summaries, mode, n, p, runs, cfg, fits, site, cores):
                                                             fits["gloo"])
 
     def priced(fit):  # α-β's step on a fit: the compute, what of the exchange shows, the wait for the slowest
-        step = predicted_step_seconds(mode, runs[-1], compute, fit, fits["ps"], site, cfg)
-        return None if step is None else step + (wait or 0.0)
+        alpha_beta = predicted_step_seconds(mode, runs[-1], compute, fit, fits["ps"], site, cfg)
+        return None if alpha_beta is None else alpha_beta + (wait or 0.0)
     predicted = priced(own)
     comm = predicted - compute - (wait or 0.0) if predicted is not None else None
     kernel = exchange_kernel_seconds(summaries, mode, n, runs)
@@ -196,8 +196,10 @@ def sync_wait_seconds(mode, n, runs):
     spread of the compute runs' steps (the median over rounds; None where the
     runs did not record it, as before 2026-12-07). Workers that never wait for
     each other (async PS) wait nothing."""
-    if not runs or not bench_modes.synchronous(mode):
-        return None if runs is None else 0.0
+    if not runs:
+        return None
+    if not bench_modes.synchronous(mode):
+        return 0.0
     waits = [stats.sync_wait_seconds([q for worker in s.get("step_time_quantiles_sec") or [] if worker
                                       for q in worker], n) for s in runs]
     return median(waits)
