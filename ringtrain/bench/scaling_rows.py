@@ -63,7 +63,7 @@ def row(summaries, mode, n, p, runs, cfg, fits, site, cores):
     window_mean, ci = stats.mean_ci95(windows)
     step = median([mean(s.get("step_time_sec")) for s in runs])
     base = compute_runs(summaries, mode, n, p, not shares_cores(site))
-    compute, wait = compute_seconds(base), sync_wait_seconds(mode, n, base)
+    compute, wait = compute_seconds(base), wait_for_slowest(mode, n, base)
     tf = bench_modes.exchange(mode) == "tf"
     horovods = rings_fit(summaries, n, fits) if tf else None
     own = (fits["tf"] or horovods) if tf else transport_fit(runs[-1].get("allreduce_algorithm"), fits["mpi"],
@@ -191,7 +191,7 @@ def compute_seconds(runs):
     return median([mean(s.get("step_time_sec")) for s in runs]) if runs else None
 
 
-def sync_wait_seconds(mode, n, runs):
+def wait_for_slowest(mode, n, runs):
     """A synchronous mode's wait for its slowest worker, a step, from the
     spread of the compute runs' steps (the median over rounds; None where the
     runs did not record it, as before 2026-12-07). Workers that never wait for

@@ -33,8 +33,10 @@ def sync_wait_seconds(values, n):
     each step ends with its slowest worker's, E[slowest of n] - mean, the
     compute steps' spread (`values`, equally likely) taken as independent
     between workers and steps."""
-    if n <= 1 or not values:
-        return 0.0 if values else None
+    if not values:
+        return None
+    if n <= 1:
+        return 0.0
     return expected_slowest(values, n) - sum(values) / len(values)
 
 
