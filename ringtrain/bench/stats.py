@@ -17,14 +17,13 @@ def mean_ci95(samples):
     return float(xs.mean()), float(half)
 
 
-def expected_slowest(values, n, k=None):
-    """E[the k-th fastest of n independent draws] (k = n: the slowest) from
-    the distribution of `values`, each equally likely: exact, by the binomial
-    chance that k of the n draws fall at or below each value."""
-    from scipy.stats import binom
-    xs, k = sorted(values), n if k is None else k
+def expected_slowest(values, n):
+    """E[the slowest of n independent draws] from the distribution of
+    `values`, each equally likely: exact, as the chance that all n draws fall
+    at or below each value is its share to the power n."""
+    xs = sorted(values)
     m = len(xs)
-    at_or_below = [binom.sf(k - 1, n, i / m) for i in range(m + 1)]  # P(the k-th fastest <= xs[i - 1])
+    at_or_below = [(i / m) ** n for i in range(m + 1)]  # P(the slowest <= xs[i - 1])
     return float(sum(x * (at_or_below[i + 1] - at_or_below[i]) for i, x in enumerate(xs)))
 
 
