@@ -142,7 +142,7 @@ class InGraph(GraphMode):
         self.is_chief = True
         self.identity = Identity("ps-ingraph", PROG, num_workers, local_workers=tuple(range(num_workers)),
                                  worker_word="tower", prefix="client: ", device=device)
-        self.sessions = Sessions(tf, server, session_config(tf, config.data.threads))
+        self.sessions = Sessions(tf, server, session_config(tf, config.data.threads, precision=config.model.precision))
         self.agree = servers.Coordinating(lambda: servers.StopFlag(tf, server.target, self.sessions.config))
         self.straggler = StragglerWait.IN_STEP
         self.store = GraphStore(tf, config.loop.keep_checkpoints, self.sessions.in_session)

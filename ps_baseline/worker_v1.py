@@ -185,7 +185,8 @@ class BetweenGraph(GraphMode):
         self.identity = Identity("ps-sync" if ps.sync else "ps-async", PROG, num_workers, local_workers=(task,),
                                  prefix=f"worker {task}: ", device=device)
         self.sessions = Sessions(tf, server, session_config(tf, config.data.threads,
-                                                            ["/job:ps", f"/job:worker/task:{task}"]))
+                                                            ["/job:ps", f"/job:worker/task:{task}"],
+                                                            precision=config.model.precision))
         self.agree = PSAgreement(tf, self.sessions, g, task, cluster, ps)
         self.store = GraphStore(tf, config.loop.keep_checkpoints, self.sessions.in_session)
         self.steps_per_epoch = updates_per_epoch(dataset, num_workers, b, config.data.accumulate)

@@ -1,9 +1,11 @@
 """PS training on real TF gRPC servers on localhost: sync equals one process
 on the global batch, async learns, and a restarted chief resumes from its
-checkpoint."""
+checkpoint; the graph modes train in bfloat16."""
+import math
+
 import pytest
 
-from helpers import (PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch,
+from helpers import (ONE_THREAD, PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch,
                      checkpoint_step, last_json, ok, run, run_ok, ps_and_worker_hosts, task_args)
 
 pytestmark = pytest.mark.slow
@@ -43,6 +45,17 @@ def test_async_training_completes_and_learns():
     # lands inside at most one of them: the mean over all updates is at most 1.
     assert 0 <= summary["staleness_mean"] <= 1
     assert summary["staleness_max"] <= 60  # no step saw more than the other worker's updates
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("replication", [["--sync"], ["--replication", "in-graph"]], ids=["between", "in-graph"])
+def test_graph_modes_train_convolutions_in_bfloat16(replication):
+    """TF1 sessions ran Grappler's fused convolution, which has no bfloat16
+    kernel, and failed at the first step (workloads/tfenv.session_config)."""
+    summary = launch("--num-ps", "1", "--num-workers", "2", *replication, "--model", "mnist_cnn",
+                     "--precision", "mixed_bfloat16", "--batch-size", "8", "--steps", "3", *ONE_THREAD)
+    assert summary["precision"] == "mixed_bfloat16" and summary["steps"] == 3
+    assert math.isfinite(summary["train_loss"]) and summary["test_samples"] == 1000
 
 
 @pytest.mark.timeout(300)

@@ -2,7 +2,7 @@
 are driven by the same words and a comparison changes only the mode."""
 import argparse
 
-from ringtrain.workloads import catalog, sources, straggler
+from ringtrain.workloads import catalog, sources, straggler, tfenv
 from ringtrain.workloads.catalog import MODEL_SPECS
 from ringtrain.workloads.checkpoints import check_resume_path
 from ringtrain.common import parsing
@@ -21,6 +21,7 @@ class OneLineParser(parsing.OneLineParser):
 
     def settle(self, namespace):
         settle_model(namespace)
+        tfenv.kernels_for(getattr(namespace, "precision", None))  # (before anything loads TF)
 
 
 def settle_model(args):

@@ -34,6 +34,7 @@ from ringtrain.workloads.scalars import Scalars
 from ringtrain.workloads.sources import synthetic_note
 from ringtrain.workloads.stall import StallWatchdog
 from ringtrain.workloads.straggler import Slowdown, summary_fields
+from ringtrain.workloads.tfenv import float16_note
 from ringtrain.workloads.summary import StepTimer, build_summary
 
 
@@ -101,9 +102,10 @@ class Training:
                            f"{self.dataset.describe(self.identity.workers)}, {self.describe_step()}"
                            f"{mode.describe}{', ' if mode.describe else ''}{mode.steps_per_epoch} steps/epoch, "
                            f"steps {start.step}..{total}")
-        note = synthetic_note(self.dataset, self.config.model.name)
-        if note:
-            self.console.line(note)
+        for note in (synthetic_note(self.dataset, self.config.model.name),
+                     float16_note(self.config.model.precision, self.identity.device)):
+            if note:
+                self.console.line(note)
         watchdog = StallWatchdog(self.agree, c.stall_timeout, self.identity.prog, mode.topology)
         if watchdog.describe():
             self.console.line(watchdog.describe())
