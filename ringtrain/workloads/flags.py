@@ -17,11 +17,12 @@ DEFAULT_MODEL = "mnist_cnn"
 class OneLineParser(parsing.OneLineParser):
     """The one-line parser of every command that takes --model: the model is
     settled here, as the user gave it (settle_model), so the commands never
-    see it unsettled."""
+    see it unsettled, and TF's CPU kernels are chosen for --precision before
+    anything loads TF."""
 
     def settle(self, namespace):
         settle_model(namespace)
-        tfenv.kernels_for(getattr(namespace, "precision", None))  # (before anything loads TF)
+        tfenv.kernels_for(getattr(namespace, "precision", None))
 
 
 def settle_model(args):
