@@ -34,8 +34,8 @@ from ringtrain.workloads.scalars import Scalars
 from ringtrain.workloads.sources import synthetic_note
 from ringtrain.workloads.stall import StallWatchdog
 from ringtrain.workloads.straggler import Slowdown, summary_fields
-from ringtrain.workloads.tfenv import float16_note
 from ringtrain.workloads.summary import StepTimer, build_summary
+from ringtrain.workloads.tfenv import float16_note
 
 
 # TF's errors when a task a step or a save depends on is gone or frozen (OutOfRangeError:

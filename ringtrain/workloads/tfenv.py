@@ -61,10 +61,10 @@ def _remove_generated_code_at_exit():
 def kernels_for(precision):
     """Before TF loads: float16 computed by TF's Eigen kernels, not oneDNN's.
     TF 2.21's oneDNN (3.7) runs float16 weight gradients of convolutions and
-    dense layers with a bias through its reference kernels on this machine's
-    CPU: a mnist_cnn step took 5.2 s against 0.17 s on Eigen (float32 0.02 s),
-    ResNet50's 14 s against 0.69 s (DEVELOPERS.md 1.9). GPU kernels are not
-    TF's oneDNN, so a GPU run loses nothing; a user's own setting stays."""
+    dense layers with a bias through its reference kernels on an AVX-512 FP16
+    CPU here: a mnist_cnn step took 5.2 s against 0.17 s on Eigen (float32 0.02 s),
+    ResNet50's 14 s against 0.69 s (DEVELOPERS.md 1.9). A GPU computes on its
+    own kernels either way; a user's own setting stays."""
     if precision == "mixed_float16":
         os.environ.setdefault(ONEDNN_ENV, "0")
 
@@ -75,6 +75,7 @@ def float16_note(precision, device):
         return ("note: float16 on a CPU runs on TF's Eigen kernels, slower than float32; on a CPU, "
                 "--precision mixed_bfloat16 is the 16-bit type to try (docs/data.md)")
     return None
+
 
 @contextlib.contextmanager
 def _collector_paused():
@@ -162,7 +163,7 @@ def session_config(tf, threads, device_filters=None, inter_op_threads=None, prec
     """A tf.compat.v1 session/server config with pinned thread pools (0: TF's default).
     In bfloat16, without Grappler's remapper: in a distributed TF1 session it fused
     Conv2D, BiasAdd and Relu into a _FusedConv2D that TF has no bfloat16 kernel
-    for, and the first step failed (TF2's functions get oneDNN's, which has one)."""
+    for, and the first step failed (DEVELOPERS.md 1.9; the TF2 modes trained)."""
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
                                       inter_op_parallelism_threads=inter_op_threads or threads,
                                       device_filters=device_filters or [])
