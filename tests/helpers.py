@@ -75,6 +75,29 @@ def run_in_terminal(cmd, timeout=300, env=None):
     return SimpleNamespace(returncode=process.returncode, output=b"".join(chunks).decode(errors="replace"))
 
 
+# TF2 PS's rare failure (DEVELOPERS.md 7): a worker's gRPC server refused the
+# coordinator's copy of a finished step's result, and the chief exited 1.
+TF_FETCH_FLAKE = "Unable to parse request"
+
+
+def once_more_after_tf_fetch_flake(attempt, reset):
+    """attempt()'s result (a run's: .output, or .stdout and .stderr), or, when what it
+    said holds TF_FETCH_FLAKE, a second attempt's after reset() has put back what the
+    first found. An AssertionError from attempt() counts as what it said. Nothing
+    else is tried twice: TF retries no such fetch, and a rerun step would apply twice."""
+    try:
+        result = attempt()
+    except AssertionError as failed:
+        if TF_FETCH_FLAKE not in str(failed):
+            raise
+    else:
+        said = result.output if hasattr(result, "output") else result.stdout + result.stderr
+        if TF_FETCH_FLAKE not in said:
+            return result
+    reset()
+    return attempt()
+
+
 def run_ok(cmd, timeout=300, **kw):
     return ok(run(cmd, timeout, **kw), cmd)
 

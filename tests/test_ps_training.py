@@ -6,12 +6,10 @@ import math
 import pytest
 
 from helpers import (ONE_THREAD, PS_BASELINE, TINY, Tasks, assert_checkpoint_is_one_process_on_the_global_batch,
-                     checkpoint_step, last_json, ok, run, run_ok, ps_and_worker_hosts, task_args)
+                     checkpoint_step, last_json, ok, once_more_after_tf_fetch_flake, run, run_ok, ps_and_worker_hosts,
+                     task_args)
 
 pytestmark = pytest.mark.slow
-
-
-TF_FETCH_FLAKE = "Unable to parse request"
 
 
 def launch(*args, timeout=240):
@@ -83,12 +81,7 @@ def test_restarted_chief_resumes_from_the_last_checkpoint(tmp_path):
 @pytest.mark.timeout(300)
 def test_tf2_parameter_server_strategy_completes_and_learns():
     argv = [*PS_BASELINE, "launch", "--api", "tf2", "--num-ps", "1", "--num-workers", "2", "--steps", "40", *TINY]
-    done = run(argv, timeout=120)
-    if done.returncode != 0 and TF_FETCH_FLAKE in done.stdout:
-        # TF's own rare failure (DEVELOPERS.md 7: 2 of some 40 suites, always this test, with the
-        # other pytest worker busy): the coordinator's copy of a finished step's result was
-        # refused by the worker's gRPC server. Any other failure fails the test.
-        done = run(argv, timeout=120)
+    done = once_more_after_tf_fetch_flake(lambda: run(argv, timeout=120), reset=lambda: None)
     summary = last_json(ok(done, argv))
     assert summary["mode"] == "ps-tf2" and summary["api"] == "tf2"
     assert summary["steps"] == 80 and summary["world_size"] == 2

@@ -323,3 +323,35 @@ def test_a_rank_waits_for_its_launchers_stop_signal_and_no_longer():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+# --- the tests' second launch after TF2 PS's refused fetch ----------------------
+
+def test_only_tf2_ps_refused_fetch_gets_a_second_launch_and_after_the_reset():
+    from types import SimpleNamespace
+    from helpers import TF_FETCH_FLAKE, once_more_after_tf_fetch_flake
+    calls = []
+
+    def launch(said):
+        def attempt():
+            calls.append("launch")
+            text = said[len([c for c in calls if c == "launch"]) - 1]
+            assert not text.startswith("exited"), text  # as Tasks.wait_for_text fails on an early exit
+            return SimpleNamespace(returncode=int(text != "done"), stdout=text, stderr="")
+        return attempt
+
+    def reset():
+        calls.append("reset")
+
+    assert once_more_after_tf_fetch_flake(launch([f"error: {TF_FETCH_FLAKE}", "done"]), reset).stdout == "done"
+    assert calls == ["launch", "reset", "launch"]
+    calls.clear()
+    assert once_more_after_tf_fetch_flake(launch([f"exited: {TF_FETCH_FLAKE}", "done"]), reset).stdout == "done"
+    assert calls == ["launch", "reset", "launch"]
+    calls.clear()
+    assert once_more_after_tf_fetch_flake(launch(["error: worker 1 died", "done"]), reset).returncode == 1
+    assert calls == ["launch"]
+    calls.clear()
+    with pytest.raises(AssertionError, match="worker 1 died"):
+        once_more_after_tf_fetch_flake(launch(["exited: worker 1 died", "done"]), reset)
+    assert calls == ["launch"]
