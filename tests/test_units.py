@@ -333,9 +333,11 @@ def test_only_tf2_ps_refused_fetch_gets_a_second_launch_and_after_the_reset():
     calls = []
 
     def launch(said):
+        texts = iter(said)  # what each launch says, in turn
+
         def attempt():
             calls.append("launch")
-            text = said[len([c for c in calls if c == "launch"]) - 1]
+            text = next(texts)
             assert not text.startswith("exited"), text  # as Tasks.wait_for_text fails on an early exit
             return SimpleNamespace(returncode=int(text != "done"), stdout=text, stderr="")
         return attempt
