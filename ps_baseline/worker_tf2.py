@@ -15,6 +15,7 @@ import numpy as np
 from ps_baseline import reports, servers
 from ps_baseline.options import PROG, RESUME
 from ringtrain.workloads import loop
+from ringtrain.workloads.devices import remote_workers_device
 from ringtrain.workloads.mode import Deferred, Identity, Mode, StepResult, StragglerWait, Topology
 from ringtrain.workloads.sharding import epoch_plan, updates_per_epoch
 
@@ -73,7 +74,7 @@ class Coordinator(Mode):
             tf, strategy, coordinator, config, ps, cluster, dataset
         self.state = TrainingState(tf, strategy, config, num_workers)
         self.identity = Identity("ps-tf2", PROG, num_workers, local_workers=tuple(range(num_workers)),
-                                 prefix="coordinator: ")
+                                 prefix="coordinator: ", device=remote_workers_device(tf))
         self.agree = servers.Coordinating(lambda: servers.StopFlag(tf, f"grpc://{cluster.chief[0]}"))
         self.store = ObjectStore(config.loop.keep_checkpoints, **self.state.checkpointed())
         self.steps_per_epoch = updates_per_epoch(dataset, num_workers, b, config.data.accumulate)

@@ -318,9 +318,11 @@ def check_data(runs, cell):
 
 
 def check_precision(runs, cell):
-    """float16 compute with the loss scale, which the mode keeps (and checkpoints) with its weights."""
+    """float16 compute with the loss scale, which the mode keeps (and checkpoints) with its weights;
+    on the GPUs assumed here, no note that float16 is slow on a CPU."""
     import tensorflow as tf
     assert runs.summary["precision"] == "mixed_float16" and "mixed_float16 (loss scaled)" in runs.first.output
+    assert "float16 on a CPU" not in runs.first.output
     oldest = min(runs.checkpoints.glob("*.index"), key=lambda p: int(re.search(r"-(\d+)\.index$", p.name).group(1)))
     reader = tf.train.load_checkpoint(str(oldest)[:-len(".index")])
     scales = [float(reader.get_tensor(n)) for n in reader.get_variable_to_shape_map()

@@ -87,3 +87,15 @@ def test_tf2_parameter_server_strategy_completes_and_learns():
     assert summary["steps"] == 80 and summary["world_size"] == 2
     assert summary["test_accuracy"] > 0.7
     assert "staleness_mean" in summary and "staleness_max" in summary
+
+
+@pytest.mark.timeout(180)
+def test_tf2_coordinator_says_its_workers_compute_float16_on_a_cpu():
+    """The coordinator computes nothing: it asks TF what its workers compute on,
+    and says, as every mode does, that float16 is slow there."""
+    argv = [*PS_BASELINE, "launch", "--api", "tf2", "--num-ps", "1", "--num-workers", "2", "--steps", "3",
+            "--precision", "mixed_float16", *TINY]
+    done = once_more_after_tf_fetch_flake(lambda: run(argv, timeout=120), reset=lambda: None)
+    out = ok(done, argv)
+    assert "note: float16 on a CPU runs on TF's Eigen kernels" in out
+    assert last_json(out)["precision"] == "mixed_float16"

@@ -46,3 +46,13 @@ def local_index(addresses, index):
     on its own host: its GPU, where each worker of a host takes one."""
     host = addresses[index].rpartition(":")[0]
     return sum(1 for a in addresses[:index] if a.rpartition(":")[0] == host)
+
+
+def remote_workers_device(tf):
+    """What a coordinator's workers compute on, as TF lists their devices once
+    it is connected to them (TF2 PS: the coordinator computes nothing itself):
+    "GPU" where a worker has one, else "CPU"."""
+    if assumed_gpus():
+        return "GPU"
+    names = [d.name for d in tf.config.list_logical_devices() if "/job:worker/" in d.name]
+    return "GPU" if any("/device:GPU:" in n for n in names) else "CPU"
