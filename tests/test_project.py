@@ -99,11 +99,29 @@ def test_grpc_rate_caps_what_a_ps_host_moves():
     assert rows(cfg([n], grpc=grpc))[("ring", n, None)] == rows(cfg([n]))[("ring", n, None)]
 
 
+def test_a_steps_spread_makes_every_mode_wait_for_the_slowest_gpu():
+    """With --step-spread, each synchronous step waits E[the slowest of N] - the mean:
+    for normal steps of standard deviation s, s/sqrt(pi) at N = 2, 3.0439 s at 512."""
+    spread, layers = 0.02, (S / 2, S / 2)
+    still, jittery = rows(cfg([2, 512], layers=layers)), rows(dict(cfg([2, 512], layers=layers), step_spread_pct=2))
+    for (mode, n, p), r in jittery.items():
+        wait = spread * C * (1 / math.sqrt(math.pi) if n == 2 else 3.0439)
+        assert r["sync_wait_ms"] == pytest.approx(wait * 1e3, rel=1e-3), (mode, n, p)
+        assert still[(mode, n, p)]["sync_wait_ms"] == 0
+        # the wait comes on top of the same exchange, and what of it shows
+        assert r["step_ms"] == pytest.approx(still[(mode, n, p)]["step_ms"] + r["sync_wait_ms"])
+        assert r["hidden_pct"] == still[(mode, n, p)]["hidden_pct"]
+        assert r["efficiency"] == pytest.approx(C / (r["step_ms"] / 1e3))
+    assert "--step-spread prices it" in " ".join(project.project(cfg([2]))["assumptions"])
+
+
 @pytest.mark.slow
 def test_the_command_writes_its_tables_plot_and_page(tmp_path):
     out = run_ok([*BENCH, "project", "--model", "vgg16", "--gpus-per-host", "4", "--link-rate", "25gbit,100gbit",
-                  "--np", "8,128", "--placement", "partitioned", "--out", str(tmp_path)], timeout=120)
+                  "--np", "8,128", "--placement", "partitioned", "--step-spread", "1", "--out", str(tmp_path)],
+                 timeout=120)
     assert "What the projection assumes" in out and "contention in the switches" in out
+    assert "| sync wait ms |" in out and "each step of 128 GPUs waits" in out
     result = json.loads((tmp_path / "project.json").read_text())
     assert len(result["rows"]) == 2 * 2 * 5  # 2 rates x 2 N x (ring, TF's ring, P = 1, N/4, N)
     ring = {(r["link_rate"], r["gpus"]): r["efficiency"] for r in result["rows"] if r["mode"] == "ring"}

@@ -383,6 +383,9 @@ def project_command(sub, common):
     pj.add_argument("--bucket-mb", type=non_negative_float, default=DEFAULT_BUCKET_MB, metavar="MB",
                     help="TF's ring's gradient buckets, as ringtrain --backend tf-collective --bucket-mb (default "
                          "%(default)s; 0: one all-reduce after backprop)")
+    pj.add_argument("--step-spread", type=non_negative_float, default=0.0, metavar="PCT",
+                    help="how much one GPU's step varies, as a standard deviation in %% of the step (default 0: "
+                         "every GPU steps in time); every step then waits for the slowest of N GPUs")
     pj.add_argument("--fit-at", type=positive_int, metavar="N",
                     help="with --alpha-beta: the ring's α and β as fitted at N ranks (default: over every N)")
     pj.add_argument("--latency-us", type=positive_float, default=10.0, metavar="US",
@@ -683,7 +686,7 @@ def run_project(args, log):
     layers = allreduce.gradient_layer_bytes(args.model)
     cfg = {"model": args.model, "tensor_bytes": [b for layer in layers for b in layer],
            "layer_bytes": [sum(layer) for layer in layers], "step_ms": step_ms, "placement": args.placement,
-           "hierarchical": args.hierarchical, "bucket_mb": args.bucket_mb,
+           "hierarchical": args.hierarchical, "bucket_mb": args.bucket_mb, "step_spread_pct": args.step_spread,
            "step_source": "given (--step-ms)" if args.step_ms else "the catalog's published P100 step",
            "batch_size": args.batch_size, "np": args.np, "gpus_per_host": args.gpus_per_host, "links": links,
            "intra": project.link_fit(rate_bits_per_sec(args.intra_host_rate[0]), 1e-6),

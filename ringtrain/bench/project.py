@@ -40,15 +40,27 @@ ASSUMPTIONS = (
     "the forward pass.",
     "PS transfers go through TF's gRPC: with --grpc-rate, no host moves more than that per direction, "
     "whatever its link.",
-    "Ignored: contention in the switches (full bisection bandwidth), stragglers and jitter (every GPU "
-    "steps in time: each step of N GPUs waits for the slowest), compute slowed by the exchange's own copies "
-    "and kernels, the PS tasks' CPU for applying updates, and start-up.",
 )
-CSV_KEYS = ["model", "link_rate", "gpus", "hosts", "mode", "num_ps", "compute_ms", "exchange_ms", "allreduces",
-            "exposed_ms", "hidden_pct", "step_ms", "images_per_sec", "efficiency"]
+IGNORED = ("contention in the switches (full bisection bandwidth)", "compute slowed by the exchange's own copies "
+           "and kernels", "the PS tasks' CPU for applying updates", "start-up")
+
+
+def assumptions(spread_pct):
+    """ASSUMPTIONS, with what a step waits for its slowest GPU (--step-spread), or that it is ignored."""
+    if not spread_pct:
+        ignored = ("stragglers and jitter (every GPU steps in time, where a step of N GPUs waits for the "
+                   "slowest: --step-spread prices it)",) + IGNORED
+        return [*ASSUMPTIONS, "Ignored: " + tables.join(ignored) + "."]
+    return [*ASSUMPTIONS, f"Jitter: one GPU's step varies by {spread_pct:g} % (a normal's standard deviation, "
+            "independent between GPUs and steps, no GPU slower than the rest for long). Every mode here is "
+            "synchronous: each step waits for the slowest of N GPUs' compute, E[the slowest of N] - the mean "
+            "(sync wait), before the exchange that shows.", "Ignored: " + tables.join(IGNORED) + "."]
+CSV_KEYS = ["model", "link_rate", "gpus", "hosts", "mode", "num_ps", "compute_ms", "sync_wait_ms", "exchange_ms",
+            "allreduces", "exposed_ms", "hidden_pct", "step_ms", "images_per_sec", "efficiency"]
 COLUMNS = [("mode_label", "mode"), ("link_rate", "link"), ("gpus", "N GPUs"), ("hosts", "hosts"),
            ("step", "step ms"), ("exchange", "exchange ms"), ("hidden", "hidden %"), ("ips", "images/s"),
            ("eff", "efficiency")]
+WAIT_COLUMN = ("wait", "sync wait ms")  # (with --step-spread only, after step ms)
 
 
 def ps_counts(n):
@@ -97,40 +109,46 @@ def link_fit(rate_bits, latency_sec):
 def project(cfg):
     """Every (link, N, mode, P) row, and the inputs and assumptions behind them."""
     nbytes, compute = sum(cfg["tensor_bytes"]), cfg["step_ms"] / 1e3
+    steps = stats.normal_steps(compute, cfg.get("step_spread_pct", 0) / 100)
     rows = []
     for link in cfg["links"]:
         ps_fit = dict(link["ps"])
         if cfg.get("grpc_rate_bits"):  # gRPC's own ceiling, whatever the link
             ps_fit["beta_sec_per_byte"] = max(ps_fit["beta_sec_per_byte"], 8.0 / cfg["grpc_rate_bits"])
         for n in cfg["np"]:
+            # every mode here is synchronous: a step waits for the slowest GPU's compute
+            wait = stats.sync_wait_seconds(steps, n)
             base = {"model": cfg["model"], "link_rate": link["label"], "gpus": n,
-                    "hosts": math.ceil(n / cfg["gpus_per_host"]), "compute_ms": compute * 1e3}
+                    "hosts": math.ceil(n / cfg["gpus_per_host"]), "compute_ms": compute * 1e3,
+                    "sync_wait_ms": wait * 1e3}
             allreduce = ring_allreduce(n, cfg["gpus_per_host"], link["ring"], cfg["intra"], cfg["hierarchical"])
             backward = stats.forward_and_backward(compute)[1]
             ring = stats.backprop_exchange(backward, cfg["layer_bytes"], allreduce)
-            rows.append(dict(row(base, "ring", None, compute + ring["exposed"], ring["exchange"], compute,
-                                 cfg["batch_size"], n), allreduces=ring["allreduces"]))
+            rows.append(dict(row(base, "ring", None, ring["exposed"], ring["exchange"], cfg["batch_size"]),
+                             allreduces=ring["allreduces"]))
             flat = ring_allreduce(n, cfg["gpus_per_host"], link["ring"], cfg["intra"], hierarchical=False)
             buckets = tf_buckets(cfg["layer_bytes"], cfg.get("bucket_mb", 0) * 2**20)
             tf = stats.exchange_in_buckets(backward, cfg["layer_bytes"], buckets, flat)
-            rows.append(dict(row(base, "tf-collective", None, compute + tf["exposed"], tf["exchange"], compute,
-                                 cfg["batch_size"], n), allreduces=tf["allreduces"]))
+            rows.append(dict(row(base, "tf-collective", None, tf["exposed"], tf["exchange"], cfg["batch_size"]),
+                             allreduces=tf["allreduces"]))
             for p in ps_counts(n):
                 step = ps_step_seconds(compute, cfg["tensor_bytes"], n, cfg["gpus_per_host"], p, cfg["placement"],
                                        ps_fit)
-                rows.append(row(base, "ps-sync", p, step, None, compute, cfg["batch_size"], n))
-    return {"rows": rows, "assumptions": list(ASSUMPTIONS),
+                rows.append(row(base, "ps-sync", p, step - compute, None, cfg["batch_size"]))
+    return {"rows": rows, "assumptions": assumptions(cfg.get("step_spread_pct", 0)),
             "inputs": dict({k: v for k, v in cfg.items() if k not in ("np", "tensor_bytes", "layer_bytes")},
                            gradient_bytes=nbytes, layers=len(cfg["layer_bytes"]),
                            tensors=len(cfg["tensor_bytes"]), largest_tensor_bytes=max(cfg["tensor_bytes"])),
             "np": cfg["np"]}
 
 
-def row(base, mode, num_ps, step, exchange, compute, batch, n):
-    exposed = step - compute
+def row(base, mode, num_ps, exposed, exchange, batch):
+    """One GPU's compute, the wait for the slowest GPU, and what of the exchange shows."""
+    compute, wait = base["compute_ms"] / 1e3, base["sync_wait_ms"] / 1e3
+    step = compute + wait + exposed
     r = dict(base, mode=mode, num_ps=num_ps, step_ms=step * 1e3, exposed_ms=exposed * 1e3,
              exchange_ms=exchange * 1e3 if exchange is not None else None,
-             images_per_sec=batch * n / step, efficiency=compute / step)
+             images_per_sec=batch * base["gpus"] / step, efficiency=compute / step)
     r["hidden_pct"] = 100 * (1 - exposed / exchange) if exchange else None
     return r
 
@@ -156,7 +174,9 @@ def method(result):
             f"{inputs['largest_tensor_bytes'] / 1e6:,.1f} MB), ring allreduce "
             f"{'hierarchical' if inputs['hierarchical'] else 'flat'}, TF's in buckets of "
             f"{inputs.get('bucket_mb', 0):g} MB, PS placement {inputs['placement']}, one GPU's "
-            f"step {inputs['step_ms']:,.1f} ms ({inputs['step_source']}), batch "
+            f"step {inputs['step_ms']:,.1f} ms ({inputs['step_source']})"
+            + (f" with a spread of {inputs['step_spread_pct']:g} %" if inputs.get("step_spread_pct") else "")
+            + f", batch "
             f"{inputs['batch_size']} per GPU. Columns: bench/COLUMNS.md, section Projection.\n\n")
     for link in inputs["links"]:
         text += (f"- link {link['label']} ({link['source']}): ring α = {link['ring']['alpha_sec'] * 1e6:,.1f} us, "
@@ -170,7 +190,8 @@ def method(result):
 
 def table_rows(result):
     return [dict(r, mode_label=r["mode"] + (f" P={r['num_ps']}" if r["num_ps"] else ""),
-                 step=tables.fmt(r["step_ms"], 1), exchange=tables.fmt(r["exchange_ms"], 1),
+                 step=tables.fmt(r["step_ms"], 1), wait=tables.fmt(r["sync_wait_ms"], 1),
+                 exchange=tables.fmt(r["exchange_ms"], 1),
                  hidden=tables.fmt(r["hidden_pct"], 0), ips=tables.fmt(r["images_per_sec"], 0),
                  eff=f"{100 * r['efficiency']:.0f}%") for r in result["rows"]]
 
@@ -179,9 +200,16 @@ def notes(result):
     return "\nWhat the projection assumes:\n\n" + "".join(f"- {a}\n" for a in result["assumptions"])
 
 
+def columns_of(result):
+    """(COLUMNS, MAIN_COLUMNS), with the wait for the slowest GPU where --step-spread priced it."""
+    if not result["inputs"].get("step_spread_pct"):
+        return COLUMNS, MAIN_COLUMNS
+    return COLUMNS[:5] + [WAIT_COLUMN] + COLUMNS[5:], MAIN_COLUMNS[:5] + ["wait"] + MAIN_COLUMNS[5:]
+
+
 def markdown(result):
-    return tables.report(title(result), finding_sentences(result), COLUMNS, table_rows(result), notes(result),
-                         method(result), METHOD)
+    return tables.report(title(result), finding_sentences(result), columns_of(result)[0], table_rows(result),
+                         notes(result), method(result), METHOD)
 
 
 def finding_sentences(result):
@@ -205,6 +233,11 @@ def finding_sentences(result):
                          + (f", {tables.share(ps[0]['efficiency'])} with P = {ps[0]['num_ps']}" if len(ps) > 1 else ""))
         if parts:
             out.append(text + "; ".join(parts) + ".")
+    spread = result["inputs"].get("step_spread_pct")
+    if spread:
+        wait = next(r["sync_wait_ms"] for r in result["rows"] if r["gpus"] == top)
+        out.append(f"With a GPU's step varying by {spread:g} %, each step of {top} GPUs waits {wait:,.1f} ms for "
+                   f"the slowest one's compute ({100 * wait / result['inputs']['step_ms']:.1f} % of a step).")
     return out
 
 
