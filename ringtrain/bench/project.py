@@ -55,6 +55,8 @@ def assumptions(spread_pct):
             "independent between GPUs and steps, no GPU slower than the rest for long). Every mode here is "
             "synchronous: each step waits for the slowest of N GPUs' compute, E[the slowest of N] - the mean "
             "(sync wait), before the exchange that shows.", "Ignored: " + tables.join(IGNORED) + "."]
+
+
 CSV_KEYS = ["model", "link_rate", "gpus", "hosts", "mode", "num_ps", "compute_ms", "sync_wait_ms", "exchange_ms",
             "allreduces", "exposed_ms", "hidden_pct", "step_ms", "images_per_sec", "efficiency"]
 COLUMNS = [("mode_label", "mode"), ("link_rate", "link"), ("gpus", "N GPUs"), ("hosts", "hosts"),
@@ -190,7 +192,7 @@ def method(result):
 
 def table_rows(result):
     return [dict(r, mode_label=r["mode"] + (f" P={r['num_ps']}" if r["num_ps"] else ""),
-                 step=tables.fmt(r["step_ms"], 1), wait=tables.fmt(r["sync_wait_ms"], 1),
+                 step=tables.fmt(r["step_ms"], 1), wait=tables.fmt(r.get("sync_wait_ms"), 1),
                  exchange=tables.fmt(r["exchange_ms"], 1),
                  hidden=tables.fmt(r["hidden_pct"], 0), ips=tables.fmt(r["images_per_sec"], 0),
                  eff=f"{100 * r['efficiency']:.0f}%") for r in result["rows"]]
