@@ -43,8 +43,8 @@ def normal_steps(mean, spread, count=100_000):
     """A step of `mean` seconds whose standard deviation is `spread` of it, as
     `count` equally likely values (the normal's quantiles): what
     sync_wait_seconds reads. 100,000 hold the tail that the slowest of 512
-    draws reaches (E[it] 3.0435 standard deviations above the mean, 3.0439
-    exactly)."""
+    draws reaches (E[it] 3.0435 standard deviations above the mean; 3.0439 by
+    numerical integration)."""
     from statistics import NormalDist
     steps = NormalDist(mean, spread * mean)
     return [steps.inv_cdf((i + 0.5) / count) for i in range(count)] if spread else [mean]
