@@ -111,18 +111,18 @@ def link_fit(rate_bits, latency_sec):
 def project(cfg):
     """Every (link, N, mode, P) row, and the inputs and assumptions behind them."""
     nbytes, compute = sum(cfg["tensor_bytes"]), cfg["step_ms"] / 1e3
+    # every mode here is synchronous: a step waits for the slowest GPU's compute (the same on every link)
     steps = stats.normal_steps(compute, cfg.get("step_spread_pct", 0) / 100)
+    waits = {n: stats.sync_wait_seconds(steps, n) for n in cfg["np"]}
     rows = []
     for link in cfg["links"]:
         ps_fit = dict(link["ps"])
         if cfg.get("grpc_rate_bits"):  # gRPC's own ceiling, whatever the link
             ps_fit["beta_sec_per_byte"] = max(ps_fit["beta_sec_per_byte"], 8.0 / cfg["grpc_rate_bits"])
         for n in cfg["np"]:
-            # every mode here is synchronous: a step waits for the slowest GPU's compute
-            wait = stats.sync_wait_seconds(steps, n)
             base = {"model": cfg["model"], "link_rate": link["label"], "gpus": n,
                     "hosts": math.ceil(n / cfg["gpus_per_host"]), "compute_ms": compute * 1e3,
-                    "sync_wait_ms": wait * 1e3}
+                    "sync_wait_ms": waits[n] * 1e3}
             allreduce = ring_allreduce(n, cfg["gpus_per_host"], link["ring"], cfg["intra"], cfg["hierarchical"])
             backward = stats.forward_and_backward(compute)[1]
             ring = stats.backprop_exchange(backward, cfg["layer_bytes"], allreduce)
