@@ -449,6 +449,23 @@ def test_alpha_beta_fit_recovers_known_latency_and_bandwidth():
     assert fit["beta_sec_per_byte"] == pytest.approx(beta, rel=1e-6)
 
 
+def test_a_ring_fit_prices_small_all_reduces_on_a_line_of_their_own():
+    # As Horovod over Gloo across 4 simulated hosts: about 1 ms a hop below 1 MB, the link's rate above
+    large = lambda s: stats.ring_allreduce_seconds(s, 4, 20e-6, 1 / 107e6)
+    small = lambda s: stats.ring_allreduce_seconds(s, 4, 950e-6, 1 / 380e6)
+    pts = [(s, 4, small(s)) for s in (64 << 10, 256 << 10)] + [(s, 4, large(s)) for s in (1 << 20, 4 << 20, 16 << 20)]
+    fit = stats.fit_lines(pts)
+    assert fit["alpha_sec"] == pytest.approx(20e-6, rel=1e-6) and fit["points"] == 3
+    assert fit["small"]["alpha_sec"] == pytest.approx(950e-6, rel=1e-6)
+    assert stats.ring_allreduce_on(fit, 80_000, 4) == pytest.approx(small(80_000))  # the slower line below 1 MB
+    assert small(80_000) > 4 * large(80_000)
+    assert stats.ring_allreduce_on(fit, 4 << 20, 4) == pytest.approx(large(4 << 20))
+    assert "below 1 MB: α = 950.0 us" in stats.small_line_words(fit)
+    # one size below 1 MB is no line: the fit is the one line, from 1 MB up
+    one_line = stats.fit_lines(pts[1:])
+    assert "small" not in one_line and one_line["points"] == 3 and stats.small_line_words(one_line) == ""
+
+
 def test_sizes_parse_as_nccl_tests_ranges():
     assert tables.parse_sizes("4K..256K") == [4096, 16384, 65536, 262144]
     assert tables.parse_sizes("1M,4800000") == [1 << 20, 4800000]

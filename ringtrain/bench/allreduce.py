@@ -220,7 +220,7 @@ def summarise(rows, knobs, compare_cycle_ms=None, across_hosts=False):
         # algorithm's effective bandwidth depends on n (2 ranks exchange both ways at once)
         for key, points in [(impl, pts)] + [(f"{impl}@{n}", [p for p in pts if p[1] == n])
                                             for n in sorted({p[1] for p in pts})] * (model == "ring"):
-            fit = stats.fit_alpha_beta(points, model=model)
+            fit = stats.fit_lines(points, model=model)
             if fit and (key == impl or len({p[1] for p in pts}) > 1):
                 fits[key] = fit
     return {"rows": out, "alpha_beta": fits, "alpha_beta_used_for_predictions": FIT_IMPL,
@@ -275,7 +275,7 @@ def notes(result):
     """The α-β fits, and Horovod's and TF's busbw at the gradient size."""
     fits = "\n".join(f"- alpha-beta fit, {impl}: alpha = {f['alpha_sec'] * 1e6:.1f} us, "
                      f"1/beta = {f['bandwidth_gb_per_sec'] or 0:.3f} GB/s "
-                     f"(worst relative error {100 * f['max_relative_error']:.0f}%)"
+                     f"(worst relative error {100 * f['max_relative_error']:.0f}%){stats.small_line_words(f)}"
                      for impl, f in result["alpha_beta"].items())
     return "\n" + fits + "\n" + at_gradient_size(result)
 
@@ -307,7 +307,8 @@ def finding_sentences(result):
     fits = [(impl, result["alpha_beta"][impl]) for impl in dict.fromkeys(used) if impl in result["alpha_beta"]]
     if fits:
         out.append("α-β fits: " + "; ".join(f"{impl} α = {f['alpha_sec'] * 1e6:,.1f} us, 1/β = "
-                                           f"{f['bandwidth_gb_per_sec'] or 0:.2f} GB/s" for impl, f in fits) + ".")
+                                           f"{f['bandwidth_gb_per_sec'] or 0:.2f} GB/s{stats.small_line_words(f)}"
+                                           for impl, f in fits) + ".")
     out += gradient_size_sentence(result)
     out.append(f"Every result of the {len(result['rows'])} rows was checked element by element: "
                f"{sum(r.get('wrong', 0) for r in result['rows'])} wrong.")

@@ -74,6 +74,8 @@ def ring_allreduce(gpus, per_host, link, intra, hierarchical):
     """seconds(nbytes) of one allreduce over N GPUs on hosts of G: NCCL's flat
     ring at the pace of its slowest hop, or inside each host then across hosts."""
     hosts, inside = math.ceil(gpus / per_host), min(per_host, gpus)
+    # (a measured link's first line only: its small line is the latency of simulated hosts
+    # that share 2 cores, which 2(N-1) hops would multiply into seconds at 512 GPUs)
     ring = stats.ring_allreduce_seconds
     if hierarchical:
         return lambda b: (ring(b, inside, intra["alpha_sec"], intra["beta_sec_per_byte"])

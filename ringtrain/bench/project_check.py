@@ -76,7 +76,7 @@ def fits_up_to(folder, k):
     for family, impl in LINK_FIT_IMPLS.items():
         points = [(r["bytes"], r["world_size"], median(r["trial_seconds"])) for r in timings
                   if r["impl"] == impl and r["world_size"] <= k]
-        fits[family] = stats.fit_alpha_beta(points)
+        fits[family] = stats.fit_lines(points)
     if not fits["ring"]:
         raise UsageError(f"--check: {folder}'s link fit has no ring timings at 2..{k} ranks: use a larger "
                          "--fit-up-to")

@@ -14,9 +14,12 @@ from ringtrain.bench.scaling_rows import build, per_worker_batch
 from ringtrain.workloads.catalog import simulated_step_ms
 
 MODES = bench_modes.scaling_modes()
-# The α-β fit of a link, plus the model's gradient size. From 1 MB up: smaller messages
-# pass within a token bucket's burst, faster than the link's rate.
-LINK_FIT_SIZES = "1M..16M"
+# The α-β fit of a link, plus the model's gradient size: a line from 1 MB up, where the
+# link's rate sets the time, and one below (stats.fit_lines), where each hop's
+# latency does; a step's small all-reduces (biases, the last group) are priced on the
+# slower of the two. (Below 1 MB a message may also pass within a token bucket's burst,
+# faster than the link's rate: the first line alone would then price it.)
+LINK_FIT_SIZES = "64K,256K,1M,4M,16M"
 # The link fit's allreduce timings behind each family of rows' α-β fit: OpenMPI's ring, Horovod
 # over Gloo, TF's own ring (the gRPC push and pull for PS is a fit of its own)
 LINK_FIT_IMPLS = {"ring": "mpi-ring", "gloo": allreduce.GLOO_FIT_IMPL, "tf": allreduce.TF_FIT_IMPL}

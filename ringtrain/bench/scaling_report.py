@@ -4,7 +4,7 @@ show, side by side. Columns: bench/COLUMNS.md."""
 import json
 import os
 
-from ringtrain.bench import plots, tables
+from ringtrain.bench import plots, stats, tables
 from ringtrain.bench.scaling_findings import find_row as _row, link_text, row_name, sentences as finding_sentences
 from ringtrain.workloads.numbers import percent
 from ringtrain.workloads.summary import dumps
@@ -153,7 +153,7 @@ def notes(result):
         for label, f in fits + [("PS rows: TF gRPC push + pull (grpc-ps)", ps_fit)]:
             if f:
                 text += (f"- {label}: α = {f['alpha_sec'] * 1e6:.1f} us, 1/β = "
-                         f"{(f['bandwidth_gb_per_sec'] or 0) * 1e3:.1f} MB/s\n")
+                         f"{(f['bandwidth_gb_per_sec'] or 0) * 1e3:.1f} MB/s{stats.small_line_words(f)}\n")
     loop = loop_findings(result)
     if loop:
         text += ("\nHorovod's background loop, ringtrain's event-driven patch (ring) against upstream's "

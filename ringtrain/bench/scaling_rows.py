@@ -228,7 +228,7 @@ def predicted_step_seconds(mode, summary, compute, fit, ps_fit, site, cfg):
     nbytes, n = summary.get("gradient_bytes"), summary.get("world_size", 1)
     if bench_modes.all_reduces(mode) and fit and nbytes:
         fit = fit_at(fit, n)
-        allreduce = lambda b: stats.ring_allreduce_seconds(b, n, fit["alpha_sec"], fit["beta_sec_per_byte"])
+        allreduce = lambda b: stats.ring_allreduce_on(fit, b, n)
         layers = cfg["layer_bytes"]  # the exchanged bytes, spread over the layers as the model spreads them
         layers = [b * nbytes / sum(layers) for b in layers]
         bucket = (summary.get("bucket_mb") or 0) * 2**20

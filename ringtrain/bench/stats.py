@@ -166,6 +166,48 @@ def ps_wire_bytes(worker_hosts, ps_hosts, ps_bytes):
     return [2 * sum(nbytes for p, nbytes in zip(ps_hosts, ps_bytes) if p != w) for w in worker_hosts]
 
 
+# Where a ring fit's second line begins: Horovod over Gloo across simulated hosts took about
+# 1 ms a hop for an 80 KB all-reduce, which the line fitted from 1 MB up put at 0.2 ms
+# (DEVELOPERS.md 4.14).
+SMALL_BELOW = 2**20
+
+
+def fit_lines(rows, ranks=None, model="ring", small_below=SMALL_BELOW):
+    """fit_alpha_beta on the rows of `small_below` bytes and up, where
+    bandwidth sets the time; with, as its "small", a second line fitted on
+    the rows below, where each hop's latency does. (A line from 1 MB up puts
+    α near 0: it cannot price the small all-reduces a step also makes, and
+    one line through both ends fits neither.) Without rows on both sides (two
+    sizes below), one line."""
+    points = [(r[0], ranks, r[1]) if len(r) == 2 else tuple(r) for r in rows]
+    large = [p for p in points if p[0] >= small_below]
+    small = [p for p in points if p[0] < small_below]
+    fit = fit_alpha_beta(large or points, model=model)
+    below = fit_alpha_beta(small, model=model) if fit and large and len({p[0] for p in small}) >= 2 else None
+    if below:
+        fit["small"] = dict(below, below_bytes=small_below)
+    return fit
+
+
+def ring_allreduce_on(fit, nbytes, ranks):
+    """ring_allreduce_seconds on a fit (fit_lines): below its small
+    line's bound, the slower of its two lines."""
+    seconds = ring_allreduce_seconds(nbytes, ranks, fit["alpha_sec"], fit["beta_sec_per_byte"])
+    small = fit.get("small")
+    if small and nbytes < small["below_bytes"]:
+        seconds = max(seconds, ring_allreduce_seconds(nbytes, ranks, small["alpha_sec"], small["beta_sec_per_byte"]))
+    return seconds
+
+
+def small_line_words(fit):
+    """'; below 1 MB: α = 980.1 us, 1/β = 380.2 MB/s', or '' for a fit of one line."""
+    small = (fit or {}).get("small")
+    if not small:
+        return ""
+    return (f"; below {small['below_bytes'] / 2**20:g} MB: α = {small['alpha_sec'] * 1e6:,.1f} us, "
+            f"1/β = {(small['bandwidth_gb_per_sec'] or 0) * 1e3:,.1f} MB/s")
+
+
 def fit_alpha_beta(rows, ranks=None, model="ring"):
     """Fit alpha and beta by least squares on relative error (sizes span five
     orders of magnitude) to rows of (bytes, seconds) at `ranks` ranks, or of
