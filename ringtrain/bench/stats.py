@@ -204,8 +204,9 @@ def small_line_words(fit):
     small = (fit or {}).get("small")
     if not small:
         return ""
+    rate = small["bandwidth_gb_per_sec"]
     return (f"; below {small['below_bytes'] / 2**20:g} MB: α = {small['alpha_sec'] * 1e6:,.1f} us, "
-            f"1/β = {(small['bandwidth_gb_per_sec'] or 0) * 1e3:,.1f} MB/s")
+            + (f"1/β = {rate * 1e3:,.1f} MB/s" if rate else "β = 0 (no longer at the larger size)"))
 
 
 def fit_alpha_beta(rows, ranks=None, model="ring"):
