@@ -166,7 +166,7 @@ def ps_wire_bytes(worker_hosts, ps_hosts, ps_bytes):
     return [2 * sum(nbytes for p, nbytes in zip(ps_hosts, ps_bytes) if p != w) for w in worker_hosts]
 
 
-# Where a ring fit's second line begins: Horovod over Gloo across simulated hosts took about
+# Where a fit's second line begins (fit_lines): Horovod over Gloo across simulated hosts took about
 # 1 ms a hop for an 80 KB all-reduce, which the line fitted from 1 MB up put at 0.2 ms
 # (DEVELOPERS.md 4.14).
 SMALL_BELOW = 2**20
@@ -206,7 +206,7 @@ def small_line_words(fit):
         return ""
     rate = small["bandwidth_gb_per_sec"]
     return (f"; below {small['below_bytes'] / 2**20:g} MB: α = {small['alpha_sec'] * 1e6:,.1f} us, "
-            + (f"1/β = {rate * 1e3:,.1f} MB/s" if rate else "β = 0 (no longer at the larger size)"))
+            + (f"1/β = {rate * 1e3:,.1f} MB/s" if rate else "β = 0 (the larger sizes took no longer)"))
 
 
 def fit_alpha_beta(rows, ranks=None, model="ring"):
