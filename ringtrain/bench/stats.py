@@ -179,7 +179,7 @@ def fit_lines(rows, ranks=None, model="ring", small_below=SMALL_BELOW):
     α near 0: it cannot price the small all-reduces a step also makes, and
     one line through both ends fits neither.) Without rows on both sides (two
     sizes below), one line."""
-    points = [(r[0], ranks, r[1]) if len(r) == 2 else tuple(r) for r in rows]
+    points = as_points(rows, ranks)
     large = [p for p in points if p[0] >= small_below]
     small = [p for p in points if p[0] < small_below]
     fit = fit_alpha_beta(large or points, model=model)
@@ -209,6 +209,11 @@ def small_line_words(fit):
             + (f"1/β = {rate * 1e3:,.1f} MB/s" if rate else "β = 0 (the larger sizes took no longer)"))
 
 
+def as_points(rows, ranks=None):
+    """Timing rows as (bytes, ranks, seconds): a row of (bytes, seconds) is at `ranks` ranks."""
+    return [(r[0], ranks, r[1]) if len(r) == 2 else tuple(r) for r in rows]
+
+
 def fit_alpha_beta(rows, ranks=None, model="ring"):
     """Fit alpha and beta by least squares on relative error (sizes span five
     orders of magnitude) to rows of (bytes, seconds) at `ranks` ranks, or of
@@ -216,7 +221,7 @@ def fit_alpha_beta(rows, ranks=None, model="ring"):
     (an allreduce over n ranks); model "ps": t = 2*alpha + 2*S*beta (one push
     and one pull, bench.grpc_exchange: ps_exchange_seconds with one worker and
     one PS). Returns alpha (s), beta (s/byte), and the fit's worst relative error."""
-    points = [(r[0], ranks, r[1]) if len(r) == 2 else tuple(r) for r in rows]
+    points = as_points(rows, ranks)
     if model == "ring":
         points = [p for p in points if p[1] and p[1] >= 2]
     if len(points) < 2:
